@@ -1,0 +1,172 @@
+// Package locktest is the conformance suite every backend passes: the same tests, each able to
+// fail for the reason it names, run against memstore, redisstore (single node and Cluster) and
+// mongostore. A backend's test file builds a Harness on its real server and calls Run.
+package locktest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/guardlock/guard"
+)
+
+// Target is one backend with its own client, and how to count its network round trips.
+type Target struct {
+	Backend guard.Backend
+	// RoundTrips returns the number of network round trips this backend's client made so
+	// far; nil when the backend makes none (memstore) or cannot count them.
+	RoundTrips func() int64
+}
+
+// Harness tells the suite how to reach a backend and how to hurt it.
+type Harness struct {
+	// New returns a backend with its own client on the shared server, as a separate service
+	// instance would have.
+	New func(t *testing.T) Target
+	// Delete removes name's lock behind its holder's back.
+	Delete func(t *testing.T, name string)
+	// Overwrite makes name held by another token behind its holder's back.
+	Overwrite func(t *testing.T, name string)
+	// Killable starts a dedicated server and returns a backend on it and a function that
+	// kills the server (SIGKILL). Nil for a backend without a server (memstore).
+	Killable func(t *testing.T) (Target, func())
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, h Harness) {
+	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, h) })
+	t.Run("StaleHolder", func(t *testing.T) { testStaleHolder(t, h) })
+	t.Run("Watchdog", func(t *testing.T) { testWatchdog(t, h) })
+	t.Run("Loss", func(t *testing.T) { testLoss(t, h) })
+	t.Run("LeaseTime", func(t *testing.T) { testLeaseTime(t, h) })
+	t.Run("MinHold", func(t *testing.T) { testMinHold(t, h) })
+	t.Run("Waiting", func(t *testing.T) { testWaiting(t, h) })
+	t.Run("Reentrancy", func(t *testing.T) { testReentrancy(t, h) })
+	t.Run("RoundTrips", func(t *testing.T) { testRoundTrips(t, h) })
+	t.Run("Errors", func(t *testing.T) { testErrors(t, h) })
+	t.Run("Close", func(t *testing.T) { testClose(t, h) })
+}
+
+// uniqueName returns a lock name no other test uses, so that tests on a shared server never
+// see each other's locks.
+func uniqueName(t *testing.T) string {
+	return "locktest:" + t.Name() + ":" + time.Now().Format("150405.000000000")
+}
+
+// newGuard returns a Guard on a new client of the harness, closed when the test ends.
+func newGuard(t *testing.T, h Harness, opts ...guard.Option) (*guard.Guard, Target) {
+	t.Helper()
+	target := h.New(t)
+	g := guard.New(target.Backend, opts...)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Close(ctx)
+	})
+	return g, target
+}
+
+// recorder is an Observer that keeps what the suite checks: acquisitions and lock events.
+type recorder struct {
+	mu     sync.Mutex // protects acqs and events
+	acqs   []guard.Acquisition
+	events []recorded
+}
+
+type recorded struct {
+	name string
+	ev   guard.LockEvent
+}
+
+func (r *recorder) AcquireStart(ctx context.Context, _ *guard.Acquisition) context.Context {
+	return ctx
+}
+
+func (r *recorder) AcquireEnd(ctx context.Context, a *guard.Acquisition, _ *guard.Lock, _ error) context.Context {
+	r.mu.Lock()
+	r.acqs = append(r.acqs, *a)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *recorder) LockEvent(l *guard.Lock, e guard.LockEvent) {
+	r.mu.Lock()
+	r.events = append(r.events, recorded{name: l.Name(), ev: e})
+	r.mu.Unlock()
+}
+
+// eventsOf returns the events of kind k for name.
+func (r *recorder) eventsOf(name string, k guard.EventKind) []guard.LockEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []guard.LockEvent
+	for _, e := range r.events {
+		if e.name == name && e.ev.Kind == k {
+			out = append(out, e.ev)
+		}
+	}
+	return out
+}
+
+// lastAcquisition returns the last acquisition of name that ended.
+func (r *recorder) lastAcquisition(name string) (guard.Acquisition, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.acqs) - 1; i >= 0; i-- {
+		if r.acqs[i].Name == name {
+			return r.acqs[i], true
+		}
+	}
+	return guard.Acquisition{}, false
+}
+
+// spy wraps a backend and reports each busy answer to Acquire, so that a test knows its waiter
+// is parked without sleeping.
+type spy struct {
+	guard.Backend
+	busy chan struct{} // receives one value per busy answer; buffered
+	n    atomic.Int64  // Acquire calls
+}
+
+func newSpy(b guard.Backend) guard.Backend {
+	s := &spy{Backend: b, busy: make(chan struct{}, 64)}
+	if n, ok := b.(guard.Notifier); ok {
+		return &notifyingSpy{spy: s, n: n}
+	}
+	return s
+}
+
+func (s *spy) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
+	s.n.Add(1)
+	fence, err := s.Backend.Acquire(ctx, name, token, ttl)
+	if err != nil {
+		select {
+		case s.busy <- struct{}{}:
+		default:
+		}
+	}
+	return fence, err
+}
+
+// notifyingSpy is a spy that keeps its backend's release notifications.
+type notifyingSpy struct {
+	*spy
+	n guard.Notifier
+}
+
+func (s *notifyingSpy) Subscribe(released func(string)) (guard.Subscription, error) {
+	return s.n.Subscribe(released)
+}
+
+func spyOf(b guard.Backend) *spy {
+	switch s := b.(type) {
+	case *spy:
+		return s
+	case *notifyingSpy:
+		return s.spy
+	}
+	return nil
+}

@@ -1,0 +1,157 @@
+package guard
+
+import (
+	"fmt"
+	"time"
+)
+
+// DefaultWatchdogTimeout is the lease of a lock taken without LeaseTime; the watchdog renews
+// it every third of that.
+const DefaultWatchdogTimeout = 30 * time.Second
+
+// minTTL is the shortest lease a Guard accepts: shorter leases cannot be renewed in time
+// over a real network.
+const minTTL = 10 * time.Millisecond
+
+// Option configures a Guard. Pass options to New.
+type Option func(*settings)
+
+// settings is what Options set on a Guard.
+type settings struct {
+	watchdogTimeout time.Duration
+	observer        Observer
+	err             error // first invalid option
+}
+
+// WithWatchdogTimeout sets the lease of locks taken without LeaseTime; the watchdog renews
+// them every d/3 until they are released. Default: DefaultWatchdogTimeout (30 s). d must be at
+// least 10 ms.
+func WithWatchdogTimeout(d time.Duration) Option {
+	return func(s *settings) {
+		if d < minTTL {
+			s.fail(&OptionError{Option: "WithWatchdogTimeout", Value: d, Reason: "must be at least 10ms"})
+			return
+		}
+		s.watchdogTimeout = d
+	}
+}
+
+// WithObserver makes the Guard report every lock lifecycle event to o (package tracing
+// provides an OpenTelemetry observer). Default: none, at no cost.
+func WithObserver(o Observer) Option {
+	return func(s *settings) { s.observer = o }
+}
+
+func (s *settings) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// LockOption configures one acquisition: Acquire, TryAcquire, Do, and the decorators and
+// middleware built on them. Packages built on guard define options of their own that travel in
+// the same list by embedding EmptyLockOption; a Guard ignores those.
+type LockOption interface {
+	applyLock(*lockSettings)
+}
+
+// EmptyLockOption is a LockOption that does nothing to an acquisition. Embed it in the option
+// types of a package built on guard (a decorator, a middleware) so that its options can be
+// passed in one list with the core's.
+type EmptyLockOption struct{}
+
+func (EmptyLockOption) applyLock(*lockSettings) {}
+
+// lockSettings is what LockOptions set on one acquisition.
+type lockSettings struct {
+	leaseTime time.Duration // 0: watchdog mode
+	waitTime  time.Duration // <0: until ctx is done; 0: one attempt
+	waitSet   bool
+	minHold   time.Duration
+	label     string
+	err       error
+}
+
+type lockOptionFunc func(*lockSettings)
+
+func (f lockOptionFunc) applyLock(s *lockSettings) { f(s) }
+
+// LeaseTime gives the lock a fixed lease of d: it is not renewed, and its context is cancelled
+// with ErrLeaseExpired when the lease runs out (Lock.Extend can push it back). Default: no
+// lease time — the watchdog holds the lock until it is released. d must be at least 10 ms.
+func LeaseTime(d time.Duration) LockOption {
+	return lockOptionFunc(func(s *lockSettings) {
+		if d < minTTL {
+			s.fail(&OptionError{Option: "LeaseTime", Value: d, Reason: "must be at least 10ms"})
+			return
+		}
+		s.leaseTime = d
+	})
+}
+
+// WaitTime bounds how long an acquisition waits for a busy lock: 0 makes one attempt, d > 0
+// waits up to d. Default: Acquire waits until its context is done; TryAcquire, decorators and
+// middleware make one attempt. d must not be negative.
+func WaitTime(d time.Duration) LockOption {
+	return lockOptionFunc(func(s *lockSettings) {
+		if d < 0 {
+			s.fail(&OptionError{Option: "WaitTime", Value: d, Reason: "must not be negative"})
+			return
+		}
+		s.waitTime, s.waitSet = d, true
+	})
+}
+
+// MinHold keeps the name locked for at least d after it was acquired, even when the lock is
+// released sooner (ShedLock's lockAtLeastFor): Release then shortens the lease to what is left
+// of the window instead of freeing the name. A job that finishes fast then still runs once per
+// window across instances, even with skewed clocks. Default: 0. d must not be negative, and
+// not longer than LeaseTime when both are given.
+func MinHold(d time.Duration) LockOption {
+	return lockOptionFunc(func(s *lockSettings) {
+		if d < 0 {
+			s.fail(&OptionError{Option: "MinHold", Value: d, Reason: "must not be negative"})
+			return
+		}
+		s.minHold = d
+	})
+}
+
+// Label gives the acquisition a low-cardinality name for telemetry, such as the template the
+// lock name was rendered from. Default: "" (observers then use a fixed span name). Decorators
+// and middleware set it to their template.
+func Label(label string) LockOption {
+	return lockOptionFunc(func(s *lockSettings) { s.label = label })
+}
+
+func (s *lockSettings) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// resolve applies opts over the defaults: wait until ctx is done unless WaitTime says otherwise.
+func resolve(defaultWait time.Duration, opts []LockOption) (lockSettings, error) {
+	s := lockSettings{waitTime: defaultWait}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		o.applyLock(&s)
+	}
+	if s.err != nil {
+		return s, s.err
+	}
+	if s.leaseTime > 0 && s.minHold > s.leaseTime {
+		return s, &OptionError{Option: "MinHold", Value: s.minHold,
+			Reason: fmt.Sprintf("longer than LeaseTime(%v)", s.leaseTime)}
+	}
+	return s, nil
+}
+
+// CheckLockOptions reports the first invalid option in opts, as Acquire would. Decorators and
+// middleware call it at construction so that a bad option fails there, not on a request.
+func CheckLockOptions(opts ...LockOption) error {
+	_, err := resolve(-1, opts)
+	return err
+}

@@ -1,0 +1,349 @@
+// Package watchdog keeps leases alive and enforces their local validity deadlines.
+//
+// A Guard owns one Scheduler. Every lock it holds is a Lease in the scheduler: a lock taken
+// without a lease time is renewed every TTL/3, and a lock with a fixed lease is only watched.
+// One goroutine serves all leases: it sends the renewals that are due in one batch (one
+// backend call, which a backend turns into one round trip per node), and it ends every lease
+// whose deadline passes without a confirmed renewal — even when the backend never answers,
+// because renewals run on a separate goroutine while the scheduler keeps time.
+//
+// The deadline of a lease is start + TTL − Drift(TTL), where start is read before the request
+// that set the lease was sent. The lease on the server cannot have run out before that moment,
+// as long as clocks run at about the same rate; that is the promise the Guard builds its
+// lock contexts on.
+package watchdog
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Drift is the safety margin subtracted from a lease's TTL to get its local deadline: 1% of
+// the TTL for clock rate differences, plus 2 ms for timer and scheduling lag.
+func Drift(ttl time.Duration) time.Duration {
+	return ttl/100 + 2*time.Millisecond
+}
+
+// Deadline returns the local validity deadline of a lease of ttl set by a request sent at start.
+func Deadline(start time.Time, ttl time.Duration) time.Time {
+	return start.Add(ttl - Drift(ttl))
+}
+
+// Result is the answer of the backend for one lease of a renewal batch.
+type Result int
+
+// The results of one renewal.
+const (
+	Renewed Result = iota // the lease was extended
+	NotHeld               // the name is free or held by another owner
+	Failed                // the backend could not say (network, server down); try again
+)
+
+// RenewFunc extends every lease of batch to its TTL. It returns one Result per lease, in order,
+// and for Failed results the error. It must honour ctx: the scheduler cancels it at the
+// earliest deadline of the batch.
+type RenewFunc func(ctx context.Context, batch []*Lease) ([]Result, []error)
+
+// EndReason says why a lease ended.
+type EndReason int
+
+// The reasons a lease ends on its own.
+const (
+	// Expired: the deadline passed. For a renewed lease, renewals did not succeed in time.
+	Expired EndReason = iota
+	// Lost: the backend answered that another owner holds the name, or that it is free.
+	Lost
+)
+
+// Lease is one lock watched by a Scheduler. Fill the exported fields before Add; the
+// scheduler calls the callbacks from its own goroutine, never two at once, and never after
+// Remove has returned.
+type Lease struct {
+	Name  string
+	Token string
+	// TTL is the lease that each renewal sets. Zero means the lease is not renewed, only
+	// watched until its deadline.
+	TTL time.Duration
+
+	// OnRenewed is called after each successful renewal with the new deadline.
+	OnRenewed func(deadline time.Time)
+	// OnFailed is called when a renewal fails for now; the scheduler tries again.
+	OnFailed func(err error)
+	// OnEnd is called once, when the lease ends on its own; lastErr is the last renewal
+	// failure, if any.
+	OnEnd func(reason EndReason, lastErr error)
+
+	// Guarded by Scheduler.mu.
+	deadline time.Time
+	next     time.Time // next renewal; zero when not renewed
+	inFlight bool
+	lastErr  error
+	removed  bool // no longer in the scheduler
+	dropped  bool // removed by Remove: its callbacks must not run
+}
+
+// Scheduler renews and watches the leases of one Guard. Its zero value is not usable; call New.
+type Scheduler struct {
+	renew RenewFunc
+
+	mu     sync.Mutex // protects leases and the fields of every Lease in it, and batch
+	leases map[*Lease]struct{}
+	batch  bool // a renewal batch is in flight
+
+	// cbMu is held while callbacks run, so that Remove can wait for a callback in progress.
+	cbMu sync.Mutex
+
+	wake    chan struct{} // nudges the loop after Add or SetDeadline; buffered
+	results chan batchResult
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+type batchResult struct {
+	start   time.Time
+	leases  []*Lease
+	results []Result
+	errs    []error
+}
+
+// New starts a scheduler that renews leases with renew. Stop it with Close.
+func New(renew RenewFunc) *Scheduler {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Scheduler{
+		renew:   renew,
+		leases:  make(map[*Lease]struct{}),
+		wake:    make(chan struct{}, 1),
+		results: make(chan batchResult, 1),
+		stop:    cancel,
+		done:    make(chan struct{}),
+	}
+	go s.loop(ctx)
+	return s
+}
+
+// Add starts watching l, whose lease was set by a request sent at start.
+func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
+	s.mu.Lock()
+	l.deadline = Deadline(start, ttl)
+	if l.TTL > 0 {
+		l.next = start.Add(l.TTL / 3)
+	}
+	s.leases[l] = struct{}{}
+	s.mu.Unlock()
+	s.nudge()
+}
+
+// SetDeadline moves the deadline of a watched lease after the caller extended it by a request
+// sent at start. It reports false when the lease already ended.
+func (s *Scheduler) SetDeadline(l *Lease, start time.Time, ttl time.Duration) bool {
+	s.mu.Lock()
+	_, ok := s.leases[l]
+	if ok {
+		l.deadline = Deadline(start, ttl)
+	}
+	s.mu.Unlock()
+	s.nudge()
+	return ok
+}
+
+// Deadline returns the current deadline of l.
+func (s *Scheduler) Deadline(l *Lease) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return l.deadline
+}
+
+// Remove stops watching l. No callback of l runs after Remove returns.
+func (s *Scheduler) Remove(l *Lease) {
+	s.mu.Lock()
+	l.removed, l.dropped = true, true
+	delete(s.leases, l)
+	s.mu.Unlock()
+	// Wait for a callback that may be running for l right now; later ones see dropped.
+	s.cbMu.Lock()
+	s.cbMu.Unlock() //nolint:staticcheck // an empty critical section is the point: a barrier
+}
+
+// Len returns the number of leases watched.
+func (s *Scheduler) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.leases)
+}
+
+// Close stops the scheduler and waits for its goroutines, including a renewal in flight. The
+// leases still watched end without callbacks.
+func (s *Scheduler) Close() {
+	s.stop()
+	<-s.done
+}
+
+func (s *Scheduler) nudge() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// callback is one call the loop makes for a lease after letting go of mu.
+type callback struct {
+	l *Lease
+	f func()
+}
+
+func (s *Scheduler) loop(ctx context.Context) {
+	defer close(s.done)
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		next, cbs := s.step(ctx, &inflight)
+		s.run(cbs)
+		if next.IsZero() {
+			next = time.Now().Add(time.Hour)
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		case <-timer.C:
+		case r := <-s.results:
+			s.run(s.settle(r))
+		}
+	}
+}
+
+// step ends the leases past their deadline, starts a renewal batch when one is due, and
+// returns when the loop must look again.
+func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) (time.Time, []callback) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var cbs []callback
+	var next time.Time
+	earlier := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	due := false
+	for l := range s.leases {
+		if !now.Before(l.deadline) {
+			cbs = append(cbs, s.end(l, Expired))
+			continue
+		}
+		earlier(l.deadline)
+		if l.TTL > 0 && !l.inFlight && !now.Before(l.next) {
+			due = true
+		}
+	}
+	if due && !s.batch {
+		// Renew every lease that is due now or would be due soon, so that leases taken at
+		// different moments share round trips instead of each paying its own.
+		var batch []*Lease
+		var first time.Time // earliest deadline in the batch
+		for l := range s.leases {
+			if l.TTL > 0 && !l.inFlight && now.Add(l.TTL/6).After(l.next) {
+				l.inFlight = true
+				batch = append(batch, l)
+				if first.IsZero() || l.deadline.Before(first) {
+					first = l.deadline
+				}
+			}
+		}
+		s.batch = true
+		inflight.Add(1)
+		go func() {
+			defer inflight.Done()
+			rctx, cancel := context.WithDeadline(ctx, first)
+			defer cancel()
+			start := time.Now()
+			res, errs := s.renew(rctx, batch)
+			select {
+			case s.results <- batchResult{start: start, leases: batch, results: res, errs: errs}:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	for l := range s.leases {
+		if l.TTL > 0 && !l.inFlight && !s.batch {
+			earlier(l.next)
+		}
+	}
+	return next, cbs
+}
+
+// settle applies the answers of a renewal batch.
+func (s *Scheduler) settle(r batchResult) []callback {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batch = false
+	now := time.Now()
+	var cbs []callback
+	for i, l := range r.leases {
+		l.inFlight = false
+		if l.removed {
+			continue
+		}
+		res, err := Failed, error(nil)
+		if i < len(r.results) {
+			res = r.results[i]
+		}
+		if i < len(r.errs) {
+			err = r.errs[i]
+		}
+		switch res {
+		case Renewed:
+			l.deadline = Deadline(r.start, l.TTL)
+			l.next = r.start.Add(l.TTL / 3)
+			l.lastErr = nil
+			if f, d := l.OnRenewed, l.deadline; f != nil {
+				cbs = append(cbs, callback{l, func() { f(d) }})
+			}
+		case NotHeld:
+			cbs = append(cbs, s.end(l, Lost))
+		default:
+			l.lastErr = err
+			// Try again soon, but not in a tight loop: a tenth of the TTL, at most a second.
+			l.next = now.Add(min(l.TTL/10, time.Second))
+			if f := l.OnFailed; f != nil {
+				cbs = append(cbs, callback{l, func() { f(err) }})
+			}
+		}
+	}
+	return cbs
+}
+
+// end removes l and returns its OnEnd call. s.mu must be held.
+func (s *Scheduler) end(l *Lease, reason EndReason) callback {
+	delete(s.leases, l)
+	l.removed = true
+	f, err := l.OnEnd, l.lastErr
+	if f == nil {
+		return callback{}
+	}
+	return callback{l, func() { f(reason, err) }}
+}
+
+// run makes the callbacks, one at a time, under cbMu.
+func (s *Scheduler) run(cbs []callback) {
+	if len(cbs) == 0 {
+		return
+	}
+	s.cbMu.Lock()
+	defer s.cbMu.Unlock()
+	for _, cb := range cbs {
+		if cb.f == nil {
+			continue
+		}
+		s.mu.Lock()
+		dropped := cb.l.dropped
+		s.mu.Unlock()
+		if !dropped {
+			cb.f()
+		}
+	}
+}
