@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 // process, and Close it on shutdown.
 type Guard struct {
 	backend     Backend
+	backendName string   // the backend's package name, for telemetry
 	notifier    Notifier // nil when the backend cannot announce releases
 	obs         Observer // nil: no telemetry
 	watchdogTTL time.Duration
@@ -73,6 +76,7 @@ func New(backend Backend, opts ...Option) *Guard {
 		waiters:     make(map[string]*waitList),
 	}
 	g.notifier, _ = backend.(Notifier)
+	g.backendName = packageName(backend)
 	g.sched = watchdog.New(g.renew)
 	return g
 }
@@ -125,8 +129,8 @@ func (g *Guard) Do(ctx context.Context, name string, fn func(context.Context) er
 
 // Close releases every lock this Guard still holds (their contexts end with cause ErrClosed),
 // ends the waits of its callers with ErrClosed, stops the watchdog and the release
-// subscription, and waits for their goroutines. It returns the release errors, if any. Close
-// is idempotent.
+// subscription, and waits for their goroutines. It returns the backend's release errors, if
+// any; a lock that was no longer held is not one. Close is idempotent.
 func (g *Guard) Close(ctx context.Context) error {
 	g.mu.Lock()
 	if g.closed {
@@ -146,7 +150,8 @@ func (g *Guard) Close(ctx context.Context) error {
 		if !l.markReleased() {
 			continue
 		}
-		if err := g.release(ctx, l, ErrClosed); err != nil && l.lossCause() == nil {
+		// A lock whose lease already ran out is not an error here: Close frees what is held.
+		if err := g.release(ctx, l, ErrClosed); err != nil && !errors.Is(err, ErrNotHeld) {
 			errs = append(errs, err)
 		}
 	}
@@ -178,7 +183,7 @@ func (g *Guard) acquire(ctx context.Context, name string, defaultWait time.Durat
 		return nil, ErrClosed
 	}
 
-	a := &Acquisition{Name: name, Label: s.label, MaxWait: s.waitTime, Started: time.Now()}
+	a := &Acquisition{Name: name, Label: s.label, Backend: g.backendName, MaxWait: s.waitTime, Started: time.Now()}
 	if g.obs != nil {
 		ctx = g.obs.AcquireStart(ctx, a)
 	}
@@ -527,4 +532,21 @@ func (g *Guard) wake(name string) {
 		close(wl.ch)
 		wl.ch = make(chan struct{})
 	}
+}
+
+// packageName returns the name of the package that defines v's type: "redisstore" for a
+// *redisstore.Store.
+func packageName(v any) string {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	p := t.PkgPath()
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		p = p[i+1:]
+	}
+	if p == "" {
+		return t.String()
+	}
+	return p
 }

@@ -27,6 +27,8 @@ type Observer interface {
 type Acquisition struct {
 	Name  string // the lock name
 	Label string // the low-cardinality label given with the Label option, or ""
+	// Backend names the backend's package, such as "redisstore" or "memstore".
+	Backend string
 	// MaxWait is how long the caller was prepared to wait: 0 for one attempt, < 0 for as long
 	// as its context allows.
 	MaxWait time.Duration

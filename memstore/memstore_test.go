@@ -16,16 +16,23 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConformance(t *testing.T) {
 	s := New()
 	locktest.Run(t, locktest.Harness{
-		New: func(*testing.T) locktest.Target { return locktest.Target{Backend: s} },
-		Delete: func(_ *testing.T, name string) {
+		New: func(testing.TB) locktest.Target { return locktest.Target{Backend: s} },
+		Delete: func(_ testing.TB, name string) {
 			s.mu.Lock()
 			delete(s.locks, name)
 			s.mu.Unlock()
 		},
-		Overwrite: func(_ *testing.T, name string) {
+		Overwrite: func(_ testing.TB, name string) {
 			s.mu.Lock()
 			s.locks[name] = entry{token: "intruder", expires: time.Now().Add(time.Hour)}
 			s.mu.Unlock()
 		},
+	})
+}
+
+func BenchmarkStore(b *testing.B) {
+	s := New()
+	locktest.Bench(b, locktest.Harness{
+		New: func(testing.TB) locktest.Target { return locktest.Target{Backend: s} },
 	})
 }

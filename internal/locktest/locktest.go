@@ -25,14 +25,14 @@ type Target struct {
 type Harness struct {
 	// New returns a backend with its own client on the shared server, as a separate service
 	// instance would have.
-	New func(t *testing.T) Target
+	New func(tb testing.TB) Target
 	// Delete removes name's lock behind its holder's back.
-	Delete func(t *testing.T, name string)
+	Delete func(tb testing.TB, name string)
 	// Overwrite makes name held by another token behind its holder's back.
-	Overwrite func(t *testing.T, name string)
+	Overwrite func(tb testing.TB, name string)
 	// Killable starts a dedicated server and returns a backend on it and a function that
 	// kills the server (SIGKILL). Nil for a backend without a server (memstore).
-	Killable func(t *testing.T) (Target, func())
+	Killable func(tb testing.TB) (Target, func())
 }
 
 // Run runs the whole suite.
@@ -52,12 +52,12 @@ func Run(t *testing.T, h Harness) {
 
 // uniqueName returns a lock name no other test uses, so that tests on a shared server never
 // see each other's locks.
-func uniqueName(t *testing.T) string {
+func uniqueName(t testing.TB) string {
 	return "locktest:" + t.Name() + ":" + time.Now().Format("150405.000000000")
 }
 
 // newGuard returns a Guard on a new client of the harness, closed when the test ends.
-func newGuard(t *testing.T, h Harness, opts ...guard.Option) (*guard.Guard, Target) {
+func newGuard(t testing.TB, h Harness, opts ...guard.Option) (*guard.Guard, Target) {
 	t.Helper()
 	target := h.New(t)
 	g := guard.New(target.Backend, opts...)

@@ -152,7 +152,7 @@ func testLoss(t *testing.T, h Harness) {
 	const ttl = 900 * time.Millisecond
 	hurt := []struct {
 		name string
-		do   func(t *testing.T, name string)
+		do   func(tb testing.TB, name string)
 	}{
 		{"DeleteKey", h.Delete},
 		{"OverwriteKey", h.Overwrite},

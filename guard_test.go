@@ -1,0 +1,201 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/memstore"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newGuard(t *testing.T, b guard.Backend, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	g := guard.New(b, opts...)
+	t.Cleanup(func() { require.NoError(t, g.Close(context.Background())) })
+	return g
+}
+
+// losingBackend answers "not held" to every extension once lose is set: what a backend says
+// after someone deleted or took the key.
+type losingBackend struct {
+	guard.Backend
+	mu   sync.Mutex // protects lose
+	lose bool
+}
+
+func (b *losingBackend) Extend(ctx context.Context, leases []guard.Lease) []error {
+	b.mu.Lock()
+	lose := b.lose
+	b.mu.Unlock()
+	if !lose {
+		return b.Backend.Extend(ctx, leases)
+	}
+	errs := make([]error, len(leases))
+	for i := range errs {
+		errs[i] = guard.ErrNotHeld
+	}
+	return errs
+}
+
+func TestDoReportsLossEvenWhenFnSucceeds(t *testing.T) {
+	b := &losingBackend{Backend: memstore.New()}
+	g := newGuard(t, b, guard.WithWatchdogTimeout(60*time.Millisecond))
+	err := g.Do(t.Context(), "n", func(ctx context.Context) error {
+		b.mu.Lock()
+		b.lose = true
+		b.mu.Unlock()
+		<-ctx.Done() // the work notices and stops
+		return nil
+	})
+	require.ErrorIs(t, err, guard.ErrLockLost)
+}
+
+func TestDoReleasesOnPanic(t *testing.T) {
+	store := memstore.New()
+	g := newGuard(t, store)
+	func() {
+		defer func() { assert.Equal(t, "boom", recover()) }()
+		_ = g.Do(t.Context(), "n", func(context.Context) error { panic("boom") })
+	}()
+	l, err := g.TryAcquire(t.Context(), "n")
+	require.NoError(t, err, "the panic left the lock held")
+	require.NoError(t, l.Release(t.Context()))
+}
+
+func TestDoReleasesWhenCallerContextIsCancelled(t *testing.T) {
+	store := memstore.New()
+	g := newGuard(t, store)
+	ctx, cancel := context.WithCancel(t.Context())
+	err := g.Do(ctx, "n", func(ctx context.Context) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	l, err := newGuard(t, store).TryAcquire(t.Context(), "n")
+	require.NoError(t, err, "a cancelled caller left the lock held")
+	require.NoError(t, l.Release(t.Context()))
+}
+
+func TestReentrancyThroughOtherNames(t *testing.T) {
+	g := newGuard(t, memstore.New())
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	// a → b → a must re-enter a, not wait for it.
+	err := g.Do(ctx, "a", func(ctx context.Context) error {
+		return g.Do(ctx, "b", func(ctx context.Context) error {
+			return g.Do(ctx, "a", func(ctx context.Context) error {
+				l, _ := guard.FromContext(ctx)
+				if !l.Reentrant() || l.Name() != "a" {
+					return errors.New("not re-entered")
+				}
+				return nil
+			})
+		})
+	})
+	require.NoError(t, err)
+}
+
+func TestInnerLockEndsWithOuter(t *testing.T) {
+	g := newGuard(t, memstore.New())
+	outer, err := g.Acquire(t.Context(), "n", guard.LeaseTime(50*time.Millisecond))
+	require.NoError(t, err)
+	inner, err := g.Acquire(outer.Context(), "n")
+	require.NoError(t, err)
+	<-inner.Done()
+	require.ErrorIs(t, inner.Err(), guard.ErrLeaseExpired)
+}
+
+func TestTryAcquireHonoursWaitTime(t *testing.T) {
+	store := memstore.New()
+	a, b := newGuard(t, store), newGuard(t, store)
+	l, err := a.TryAcquire(t.Context(), "n", guard.LeaseTime(80*time.Millisecond))
+	require.NoError(t, err)
+	got, err := b.TryAcquire(t.Context(), "n", guard.WaitTime(5*time.Second))
+	require.NoError(t, err, "WaitTime overrides TryAcquire's single attempt")
+	assert.Greater(t, got.Fence(), l.Fence())
+	require.NoError(t, got.Release(t.Context()))
+}
+
+func TestExtendPushesDeadline(t *testing.T) {
+	g := newGuard(t, memstore.New())
+	l, err := g.TryAcquire(t.Context(), "n", guard.LeaseTime(time.Second))
+	require.NoError(t, err)
+	before := l.Deadline()
+	require.NoError(t, l.Extend(t.Context(), time.Minute))
+	assert.True(t, l.Deadline().After(before.Add(50*time.Second)))
+	require.NoError(t, l.Release(t.Context()))
+	assert.ErrorIs(t, l.Extend(t.Context(), time.Minute), guard.ErrNotHeld)
+}
+
+func TestNewPanicsOnBadOption(t *testing.T) {
+	assert.PanicsWithValue(t, "guard: invalid option WithWatchdogTimeout(1ms): must be at least 10ms", func() {
+		guard.New(memstore.New(), guard.WithWatchdogTimeout(time.Millisecond))
+	})
+	assert.Panics(t, func() { guard.New(nil) })
+}
+
+func TestCheckLockOptions(t *testing.T) {
+	require.NoError(t, guard.CheckLockOptions(guard.WaitTime(time.Second), guard.LeaseTime(time.Second), guard.MinHold(time.Second)))
+	var oe *guard.OptionError
+	require.ErrorAs(t, guard.CheckLockOptions(guard.MinHold(-1)), &oe)
+	assert.Equal(t, "MinHold", oe.Option)
+}
+
+// events is an Observer that records the order of what it is told.
+type events struct {
+	mu  sync.Mutex // protects got
+	got []string
+}
+
+func (e *events) add(s string) {
+	e.mu.Lock()
+	e.got = append(e.got, s)
+	e.mu.Unlock()
+}
+
+func (e *events) AcquireStart(ctx context.Context, a *guard.Acquisition) context.Context {
+	e.add("start " + a.Name + " " + a.Backend)
+	return ctx
+}
+
+func (e *events) AcquireEnd(ctx context.Context, a *guard.Acquisition, _ *guard.Lock, _ error) context.Context {
+	e.add("end " + a.Outcome.String())
+	return ctx
+}
+
+func (e *events) LockEvent(_ *guard.Lock, ev guard.LockEvent) { e.add(ev.Kind.String()) }
+
+func TestObserverSeesLifecycle(t *testing.T) {
+	rec := &events{}
+	g := newGuard(t, memstore.New(), guard.WithObserver(rec), guard.WithWatchdogTimeout(300*time.Millisecond))
+	l, err := g.Acquire(t.Context(), "n")
+	require.NoError(t, err)
+	_, err = g.TryAcquire(context.Background(), "n")
+	require.ErrorIs(t, err, guard.ErrNotAcquired)
+	// Wait for two renewals by watching the deadline move.
+	d := l.Deadline()
+	for range 2 {
+		for !l.Deadline().After(d) {
+			select {
+			case <-l.Done():
+				t.Fatalf("lost: %v", l.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+		d = l.Deadline()
+	}
+	require.NoError(t, l.Release(t.Context()))
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	assert.Equal(t, []string{"start n memstore", "end acquired", "start n memstore", "end busy", "renewed", "renewed", "released"}, rec.got)
+}

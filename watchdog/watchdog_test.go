@@ -1,0 +1,281 @@
+package watchdog
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeBackend records renewal batches and answers them as told. Time is synctest's fake clock,
+// so every figure below is exact.
+type fakeBackend struct {
+	mu      sync.Mutex // protects calls and answer
+	calls   []call
+	answer  func(l *Lease) (Result, error)
+	blocked bool // never answer: wait for ctx
+}
+
+type call struct {
+	at    time.Time
+	names []string
+}
+
+func (f *fakeBackend) renew(ctx context.Context, batch []*Lease) ([]Result, []error) {
+	f.mu.Lock()
+	c := call{at: time.Now()}
+	for _, l := range batch {
+		c.names = append(c.names, l.Name)
+	}
+	f.calls = append(f.calls, c)
+	blocked, answer := f.blocked, f.answer
+	f.mu.Unlock()
+	res := make([]Result, len(batch))
+	errs := make([]error, len(batch))
+	if blocked {
+		<-ctx.Done()
+		for i := range batch {
+			res[i], errs[i] = Failed, ctx.Err()
+		}
+		return res, errs
+	}
+	for i, l := range batch {
+		res[i] = Renewed
+		if answer != nil {
+			res[i], errs[i] = answer(l)
+		}
+	}
+	return res, errs
+}
+
+func (f *fakeBackend) snapshot() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]call(nil), f.calls...)
+}
+
+// ends collects OnEnd calls.
+type ends struct {
+	mu  sync.Mutex // protects got
+	got []end
+}
+
+type end struct {
+	name   string
+	at     time.Time
+	reason EndReason
+	err    error
+}
+
+func (e *ends) lease(name string, ttl time.Duration) *Lease {
+	return &Lease{Name: name, Token: "t-" + name, TTL: ttl, OnEnd: func(r EndReason, err error) {
+		e.mu.Lock()
+		e.got = append(e.got, end{name, time.Now(), r, err})
+		e.mu.Unlock()
+	}}
+}
+
+func (e *ends) all() []end {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]end(nil), e.got...)
+}
+
+func TestRenewsEveryThirdOfTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 30 * time.Second
+		f := &fakeBackend{}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		s.Add(e.lease("a", ttl), start, ttl)
+
+		time.Sleep(100*time.Second + time.Millisecond)
+		calls := f.snapshot()
+		require.Len(t, calls, 10)
+		for i, c := range calls {
+			assert.Equal(t, time.Duration(i+1)*ttl/3, c.at.Sub(start), "renewal %d", i)
+		}
+		assert.Empty(t, e.all())
+	})
+}
+
+func TestBatchesLeasesThatAreDueSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 30 * time.Second
+		f := &fakeBackend{}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		s.Add(e.lease("a", ttl), start, ttl)
+		time.Sleep(2 * time.Second)
+		s.Add(e.lease("b", ttl), time.Now(), ttl)
+		time.Sleep(2 * time.Second)
+		s.Add(e.lease("c", ttl), time.Now(), ttl)
+		time.Sleep(7 * time.Second) // t = 11 s
+
+		calls := f.snapshot()
+		require.Len(t, calls, 1, "leases due within TTL/6 of each other share one call")
+		assert.Equal(t, 10*time.Second, calls[0].at.Sub(start))
+		assert.ElementsMatch(t, []string{"a", "b", "c"}, calls[0].names)
+	})
+}
+
+func TestEndsAtDeadlineWhenBackendNeverAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 30 * time.Second
+		f := &fakeBackend{blocked: true}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		l := e.lease("a", ttl)
+		s.Add(l, start, ttl)
+		assert.Equal(t, start.Add(ttl-Drift(ttl)), s.Deadline(l))
+
+		time.Sleep(ttl)
+		got := e.all()
+		require.Len(t, got, 1)
+		assert.Equal(t, Expired, got[0].reason)
+		assert.Equal(t, ttl-Drift(ttl), got[0].at.Sub(start), "ended exactly at start + TTL - drift")
+		assert.Equal(t, 0, s.Len())
+	})
+}
+
+func TestEndsAtOnceWhenNotHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 3 * time.Second
+		f := &fakeBackend{answer: func(*Lease) (Result, error) { return NotHeld, nil }}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		s.Add(e.lease("a", ttl), start, ttl)
+		time.Sleep(ttl)
+		got := e.all()
+		require.Len(t, got, 1)
+		assert.Equal(t, Lost, got[0].reason)
+		assert.Equal(t, ttl/3, got[0].at.Sub(start), "lost at the first renewal")
+	})
+}
+
+func TestRetriesTransientFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 3 * time.Second
+		boom := errors.New("connection refused")
+		var n atomic.Int32
+		f := &fakeBackend{answer: func(*Lease) (Result, error) {
+			if n.Add(1) <= 3 {
+				return Failed, boom
+			}
+			return Renewed, nil
+		}}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		var failures, renewals atomic.Int32
+		l := e.lease("a", ttl)
+		l.OnFailed = func(error) { failures.Add(1) }
+		l.OnRenewed = func(time.Time) { renewals.Add(1) }
+		start := time.Now()
+		s.Add(l, start, ttl)
+		time.Sleep(ttl/3 + 3*ttl/10 + time.Millisecond)
+
+		calls := f.snapshot()
+		require.Len(t, calls, 4)
+		for i := 1; i < 4; i++ {
+			assert.Equal(t, ttl/10, calls[i].at.Sub(calls[i-1].at), "retry %d comes a tenth of the TTL later", i)
+		}
+		assert.EqualValues(t, 3, failures.Load())
+		require.EqualValues(t, 1, renewals.Load())
+		assert.Equal(t, start.Add(ttl/3+3*ttl/10).Add(ttl-Drift(ttl)), s.Deadline(l))
+		assert.Empty(t, e.all())
+	})
+}
+
+func TestLastFailureIsReportedAtExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = time.Second
+		boom := errors.New("i/o timeout")
+		f := &fakeBackend{answer: func(*Lease) (Result, error) { return Failed, boom }}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		s.Add(e.lease("a", ttl), start, ttl)
+		time.Sleep(2 * ttl)
+		got := e.all()
+		require.Len(t, got, 1)
+		assert.Equal(t, Expired, got[0].reason)
+		assert.ErrorIs(t, got[0].err, boom)
+		assert.Equal(t, ttl-Drift(ttl), got[0].at.Sub(start))
+	})
+}
+
+func TestFixedLeaseIsOnlyWatched(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 5 * time.Second
+		f := &fakeBackend{}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		l := e.lease("a", 0)
+		s.Add(l, start, lease)
+		time.Sleep(2 * time.Second)
+		require.True(t, s.SetDeadline(l, time.Now(), lease), "extend by hand")
+		time.Sleep(10 * time.Second)
+		assert.Empty(t, f.snapshot(), "a fixed lease is never renewed")
+		got := e.all()
+		require.Len(t, got, 1)
+		assert.Equal(t, Expired, got[0].reason)
+		assert.Equal(t, 2*time.Second+lease-Drift(lease), got[0].at.Sub(start))
+		assert.False(t, s.SetDeadline(l, time.Now(), lease), "an ended lease cannot be extended")
+	})
+}
+
+func TestRemoveStopsCallbacks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = time.Second
+		f := &fakeBackend{}
+		s := New(f.renew)
+		defer s.Close()
+		var e ends
+		var renewed atomic.Int32
+		l := e.lease("a", ttl)
+		l.OnRenewed = func(time.Time) { renewed.Add(1) }
+		s.Add(l, time.Now(), ttl)
+		time.Sleep(ttl/3 + time.Millisecond)
+		require.EqualValues(t, 1, renewed.Load())
+		s.Remove(l)
+		time.Sleep(5 * ttl)
+		assert.EqualValues(t, 1, renewed.Load())
+		assert.Empty(t, e.all())
+		assert.Len(t, f.snapshot(), 1)
+	})
+}
+
+func TestCloseWaitsForRenewalInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 30 * time.Second
+		f := &fakeBackend{blocked: true}
+		s := New(f.renew)
+		var e ends
+		s.Add(e.lease("a", ttl), time.Now(), ttl)
+		time.Sleep(ttl/3 + time.Second)
+		require.Len(t, f.snapshot(), 1, "a renewal is in flight")
+		s.Close() // must cancel and wait for it; goleak and synctest check nothing is left
+		assert.Empty(t, e.all(), "closing ends leases without callbacks")
+	})
+}
