@@ -1,0 +1,277 @@
+package testserver
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// MongoURIEnv names the environment variable that points the tests at a real MongoDB server
+// (a mongodb:// or mongodb+srv:// URI) instead of FerretDB.
+const MongoURIEnv = "MONGODB_URI"
+
+// FerretDBEnv names the environment variable that gives a prebuilt ferretdb binary (built
+// from tools/ferretdb) instead of building one.
+const FerretDBEnv = "GUARD_FERRETDB"
+
+// mongoReadyTimeout bounds how long a server from MONGODB_URI may take to answer.
+const mongoReadyTimeout = 30 * time.Second
+
+// ferretdbHint tells how to get the FerretDB binary when it cannot be built.
+const ferretdbHint = "build it by hand to see why: cd tools/ferretdb && go build " +
+	"(it needs the Go module proxy, or a module cache that holds FerretDB v1.24.2); " +
+	"then set " + FerretDBEnv + "=$PWD/ferretdb, or point " + MongoURIEnv + " at a real MongoDB"
+
+// Mongo is a MongoDB-wire-protocol server for one test: FerretDB v1 with its SQLite backend,
+// run as a child process behind a WireProxy, or the real MongoDB server that MONGODB_URI
+// names.
+//
+// Why the proxy: FerretDB v1 does not make single-document writes atomic (see WireProxy), so
+// two lock contenders could both take an expired lock through it, which MongoDB never allows.
+// The tests of a lock backend must run against MongoDB's semantics, so they use URI, which
+// goes through the proxy; RawURI reaches FerretDB directly and exists to show the race.
+//
+// FerretDB v1 also lacks TTL indexes, pipeline updates ($$NOW), change streams and
+// transactions; code that the tests run on both servers must not depend on them.
+type Mongo struct {
+	// URI is the connection string the tests use: through the proxy for FerretDB, the value
+	// of MONGODB_URI otherwise.
+	URI string
+	// RawURI reaches FerretDB without the proxy (equal to URI on a real server).
+	RawURI string
+	// Database is a database name no other test uses; it is dropped when the test ends on a
+	// real server, and lives in the test's temporary directory on FerretDB.
+	Database string
+	// External reports that the server came from MONGODB_URI.
+	External bool
+	// Proxy is the proxy in front of FerretDB; nil on a real server.
+	Proxy *WireProxy
+
+	tb   testing.TB
+	proc *Process
+}
+
+// StartMongo returns the server named by MONGODB_URI when that variable is set, and
+// otherwise starts FerretDB as StartFerretDB does.
+func StartMongo(tb testing.TB) *Mongo {
+	tb.Helper()
+	uri := os.Getenv(MongoURIEnv)
+	if uri == "" {
+		return StartFerretDB(tb)
+	}
+	m := &Mongo{URI: uri, RawURI: uri, Database: databaseName(tb), External: true, tb: tb}
+	ctx, cancel := context.WithTimeout(context.Background(), mongoReadyTimeout)
+	defer cancel()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(mongoReadyTimeout))
+	if err != nil {
+		tb.Fatalf("testserver: %s=%q: %v", MongoURIEnv, uri, err)
+	}
+	if err := client.Ping(ctx, nil); err != nil {
+		_ = client.Disconnect(ctx)
+		tb.Fatalf("testserver: %s=%q does not answer: %v", MongoURIEnv, uri, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), mongoReadyTimeout)
+		defer cancel()
+		if err := client.Database(m.Database).Drop(ctx); err != nil {
+			tb.Errorf("testserver: drop database %s: %v", m.Database, err)
+		}
+		_ = client.Disconnect(ctx)
+	})
+	return m
+}
+
+// StartFerretDB starts FerretDB (built from tools/ferretdb once per test binary) on a free
+// loopback port with its data in a temporary directory, and a WireProxy in front of it. Both
+// stop when the test ends. Tests that kill the server use it even when MONGODB_URI is set.
+func StartFerretDB(tb testing.TB) *Mongo {
+	tb.Helper()
+	bin := ferretdbBinary(tb)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
+	proc := Start(tb, addr, ferretdbHint, bin, "-listen", addr, "-data", tb.TempDir())
+	proxy := StartWireProxy(tb, addr)
+	return &Mongo{
+		URI:      "mongodb://" + proxy.Addr + "/?directConnection=true",
+		RawURI:   "mongodb://" + addr + "/?directConnection=true",
+		Database: databaseName(tb),
+		Proxy:    proxy,
+		tb:       tb,
+		proc:     proc,
+	}
+}
+
+// Kill stops FerretDB with SIGKILL and closes the proxy, as a crashed server: open connections
+// break and new ones are refused. It fails the test on a server from MONGODB_URI, which the
+// test cannot kill.
+func (m *Mongo) Kill() {
+	if m.External {
+		m.tb.Fatalf("testserver: cannot kill the server of %s; crash tests use StartFerretDB", MongoURIEnv)
+	}
+	m.proc.Kill()
+	for _, err := range m.Proxy.Close() {
+		m.tb.Errorf("testserver: wire proxy: %v", err)
+	}
+}
+
+// Output is what FerretDB printed so far ("" on a real server).
+func (m *Mongo) Output() string {
+	if m.proc == nil {
+		return ""
+	}
+	return m.proc.Output()
+}
+
+// databaseName returns a database name no other test uses: a prefix, the test's name reduced
+// to letters, digits and '_', and a random suffix, within MongoDB's 63-byte limit.
+func databaseName(tb testing.TB) string {
+	var b strings.Builder
+	for _, r := range tb.Name() {
+		if b.Len() >= 32 {
+			break
+		}
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	return "guard_" + b.String() + "_" + hex.EncodeToString(suffix[:])
+}
+
+// ferretdbBuild is the result of building tools/ferretdb, once per test binary.
+var ferretdbBuild = sync.OnceValues(buildFerretDB)
+
+// ferretdbBinary returns the path of the ferretdb binary, building it when needed, or fails
+// the test with a message that says how to get it.
+func ferretdbBinary(tb testing.TB) string {
+	tb.Helper()
+	if bin := os.Getenv(FerretDBEnv); bin != "" {
+		return bin
+	}
+	bin, err := ferretdbBuild()
+	if err != nil {
+		tb.Fatalf("testserver: no FerretDB: %v\n%s", err, ferretdbHint)
+	}
+	return bin
+}
+
+// buildFerretDB builds tools/ferretdb into a cache directory keyed by the tool's sources and
+// the Go version, so that test binaries and later runs reuse one build. A file lock keeps two
+// test binaries that start together (go test ./...) from building it twice.
+func buildFerretDB() (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	src := filepath.Join(root, "tools", "ferretdb")
+	h := sha256.New()
+	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %d\n", f, len(b))
+		h.Write(b)
+	}
+	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	key := hex.EncodeToString(h.Sum(nil))[:16]
+
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "guard-tools", "ferretdb-"+key)
+	bin := filepath.Join(dir, "ferretdb")
+	if isExecutable(bin) {
+		return bin, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := lockFile(filepath.Join(dir, "lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if isExecutable(bin) { // built by another test binary while we waited
+		return bin, nil
+	}
+
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	tmp := bin + ".tmp"
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build in %s: %v\n%s", src, err, out)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+// repoRoot walks up from the working directory (a package directory under go test) to the
+// directory that holds tools/ferretdb.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "tools", "ferretdb", "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("tools/ferretdb not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// lockFile takes an exclusive flock on path, waiting for it, and returns its release.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}

@@ -1,0 +1,54 @@
+package mongostore_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/guardlock/guard/internal/locktest"
+	"github.com/guardlock/guard/internal/testserver"
+)
+
+// TestConformance runs the backend conformance suite on one shared server: FerretDB behind
+// the atomicity proxy, or the MongoDB server of MONGODB_URI. A round trip is one command
+// (a driver CommandStartedEvent); each backend measures the server's clock before the suite
+// counts, so the counts are the lock operations' own.
+func TestConformance(t *testing.T) {
+	locktest.Run(t, harness(t, testserver.StartMongo(t)))
+}
+
+// BenchmarkConformance runs the backend benchmarks of the suite.
+func BenchmarkConformance(b *testing.B) {
+	locktest.Bench(b, harness(b, testserver.StartMongo(b)))
+}
+
+// harness returns the conformance harness on srv. Every backend has a client of its own;
+// Delete and Overwrite go behind their backs through another client.
+func harness(tb testing.TB, srv *testserver.Mongo) locktest.Harness {
+	admin := newClient(tb, srv).coll
+	return locktest.Harness{
+		New: func(tb testing.TB) locktest.Target {
+			c := newClient(tb, srv)
+			return locktest.Target{Backend: c.store, RoundTrips: c.cmds.total.Load}
+		},
+		Delete: func(tb testing.TB, name string) {
+			res, err := admin.DeleteOne(tb.Context(), bson.D{{Key: "_id", Value: name}})
+			require.NoError(tb, err)
+			require.EqualValues(tb, 1, res.DeletedCount, "no lock %q to delete", name)
+		},
+		Overwrite: func(tb testing.TB, name string) {
+			// The intruder keeps the holder's lease, as if it had taken the name at its end.
+			res, err := admin.UpdateOne(tb.Context(), bson.D{{Key: "_id", Value: name}},
+				bson.D{{Key: "$set", Value: bson.D{{Key: "owner", Value: "intruder"}}}})
+			require.NoError(tb, err)
+			require.EqualValues(tb, 1, res.MatchedCount, "no lock %q to overwrite", name)
+		},
+		Killable: func(tb testing.TB) (locktest.Target, func()) {
+			// A dedicated FerretDB even when MONGODB_URI is set: that server cannot be killed.
+			dedicated := testserver.StartFerretDB(tb)
+			c := newClient(tb, dedicated)
+			return locktest.Target{Backend: c.store, RoundTrips: c.cmds.total.Load}, dedicated.Kill
+		},
+	}
+}
