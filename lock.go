@@ -132,8 +132,8 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	case isNotHeld(err):
 		r.g.sched.Remove(r.lease)
 		cause := fmt.Errorf("%w: %q is no longer ours (found on extend)", ErrLockLost, r.name)
-		r.cancel(cause)
 		r.g.event(r, LockEvent{Kind: EventLost, Err: cause})
+		r.cancel(cause)
 		return fmt.Errorf("guard: extend %q: %w", r.name, err)
 	default:
 		return fmt.Errorf("guard: extend %q: %w", r.name, err)
@@ -226,6 +226,7 @@ func (l *Lock) end(reason watchdog.EndReason, lastErr error) {
 	default:
 		cause = fmt.Errorf("%w: %q not renewed before its deadline", ErrLockLost, l.name)
 	}
-	l.cancel(cause)
+	// Tell the observer first, so that the span records the loss before the work reacts to it.
 	l.g.event(l, LockEvent{Kind: kind, Err: cause})
+	l.cancel(cause)
 }

@@ -1,0 +1,69 @@
+package testserver
+
+import (
+	"net"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestStartRedis(t *testing.T) {
+	r := StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	require.NoError(t, rdb.Set(t.Context(), "k", "v", 0).Err())
+	cfg, err := rdb.ConfigGet(t.Context(), "save").Result()
+	require.NoError(t, err)
+	assert.Empty(t, cfg["save"], "persistence must be off")
+	cfg, err = rdb.ConfigGet(t.Context(), "dir").Result()
+	require.NoError(t, err)
+	assert.Equal(t, r.Dir, cfg["dir"])
+
+	r.Kill()
+	r.Kill() // a second Kill is harmless
+	assert.Error(t, rdb.Ping(t.Context()).Err(), "a killed server must not answer")
+}
+
+func TestStartCluster(t *testing.T) {
+	c := StartCluster(t)
+	require.Len(t, c.Addrs, 3)
+
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	t.Cleanup(func() { _ = rdb.Close() })
+	// Keys in different slots live on different masters; every one must be writable.
+	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+		require.NoError(t, rdb.Set(t.Context(), k, "v", 0).Err(), k)
+	}
+	// Each node agrees that there are three masters, each owning some slots.
+	for _, addr := range c.Addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		slots, err := node.ClusterSlots(t.Context()).Result()
+		_ = node.Close()
+		require.NoError(t, err)
+		owners := map[string]bool{}
+		for _, s := range slots {
+			owners[s.Nodes[0].Addr] = true
+		}
+		assert.Len(t, owners, 3, "masters seen from %s", addr)
+	}
+}
+
+func TestStartSentinel(t *testing.T) {
+	s := StartSentinel(t)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { _ = sc.Close() })
+	got, err := sc.GetMasterAddrByName(t.Context(), s.MasterName).Result()
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	assert.Equal(t, s.Master.Addr, net.JoinHostPort(got[0], got[1]))
+
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:    s.MasterName,
+		SentinelAddrs: []string{s.Addr},
+	})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.NoError(t, rdb.Set(t.Context(), "k", "v", 0).Err())
+}
