@@ -406,7 +406,7 @@ func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
 	default:
 		err = fmt.Errorf("guard: release %q: %w", l.name, err)
 	}
-	g.event(l, LockEvent{Kind: EventReleased, Err: err, Duration: took})
+	g.event(l, LockEvent{Kind: EventReleased, At: start.Add(took), Err: err, Duration: took})
 	return err
 }
 

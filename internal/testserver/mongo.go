@@ -3,19 +3,11 @@ package testserver
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
-	"errors"
-	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -103,7 +95,7 @@ func StartMongo(tb testing.TB) *Mongo {
 // stop when the test ends. Tests that kill the server use it even when MONGODB_URI is set.
 func StartFerretDB(tb testing.TB) *Mongo {
 	tb.Helper()
-	bin := ferretdbBinary(tb)
+	bin := ferretdb.binary(tb)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
 	proc := Start(tb, addr, ferretdbHint, bin, "-listen", addr, "-data", tb.TempDir())
 	proxy := StartWireProxy(tb, addr)
@@ -158,120 +150,12 @@ func databaseName(tb testing.TB) string {
 	return "guard_" + b.String() + "_" + hex.EncodeToString(suffix[:])
 }
 
-// ferretdbBuild is the result of building tools/ferretdb, once per test binary.
-var ferretdbBuild = sync.OnceValues(buildFerretDB)
-
-// ferretdbBinary returns the path of the ferretdb binary, building it when needed, or fails
-// the test with a message that says how to get it.
-func ferretdbBinary(tb testing.TB) string {
-	tb.Helper()
-	if bin := os.Getenv(FerretDBEnv); bin != "" {
-		return bin
-	}
-	bin, err := ferretdbBuild()
-	if err != nil {
-		tb.Fatalf("testserver: no FerretDB: %v\n%s", err, ferretdbHint)
-	}
-	return bin
-}
-
-// buildFerretDB builds tools/ferretdb into a cache directory keyed by the tool's sources and
-// the Go version, so that test binaries and later runs reuse one build. A file lock keeps two
-// test binaries that start together (go test ./...) from building it twice.
-func buildFerretDB() (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	src := filepath.Join(root, "tools", "ferretdb")
-	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(h, "%s %d\n", f, len(b))
-		h.Write(b)
-	}
-	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	key := hex.EncodeToString(h.Sum(nil))[:16]
-
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "guard-tools", "ferretdb-"+key)
-	bin := filepath.Join(dir, "ferretdb")
-	if isExecutable(bin) {
-		return bin, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	unlock, err := lockFile(filepath.Join(dir, "lock"))
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	if isExecutable(bin) { // built by another test binary while we waited
-		return bin, nil
-	}
-
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	tmp := bin + ".tmp"
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, ".")
-	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build in %s: %v\n%s", src, err, out)
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		return "", err
-	}
-	return bin, nil
-}
-
-// repoRoot walks up from the working directory (a package directory under go test) to the
-// directory that holds tools/ferretdb.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "tools", "ferretdb", "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("tools/ferretdb not found above the working directory")
-		}
-		dir = parent
-	}
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
-
-// lockFile takes an exclusive flock on path, waiting for it, and returns its release.
-func lockFile(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
+// ferretdb is the FerretDB server of tools/ferretdb.
+var ferretdb = &tool{
+	name:    "ferretdb",
+	pkg:     ".",
+	sources: []string{"go.mod", "go.sum", "main.go"},
+	env:     FerretDBEnv,
+	hint:    ferretdbHint,
+	timeout: 10 * time.Minute,
 }
