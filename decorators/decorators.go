@@ -1,0 +1,111 @@
+package decorators
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/guardlock/guard"
+)
+
+// Func returns fn wrapped so that each call holds the lock named by rendering template with
+// the call's argument (see the package doc for templates). The template, the argument type and
+// opts are checked here; Func returns a *guard.NameError for a bad template or field, a
+// *guard.OptionError for a bad option.
+//
+// A call of the returned function renders the name, takes the lock (one attempt unless opts
+// have guard.WaitTime), runs fn under the lock's context and releases the lock. It returns fn's
+// results, or the zero R and: a *guard.NameError when the name cannot be rendered (empty value,
+// nil pointer, too long); an error matching guard.ErrNotAcquired when the lock is busy; or the
+// other errors of guard.Guard.Do.
+func Func[A, R any](g *guard.Guard, template string, fn func(context.Context, A) (R, error), opts ...guard.LockOption) (func(context.Context, A) (R, error), error) {
+	if g == nil {
+		return nil, errors.New("guard/decorators: nil *guard.Guard")
+	}
+	if fn == nil {
+		return nil, errors.New("guard/decorators: nil function")
+	}
+	n, err := newNamer[A](template)
+	if err != nil {
+		return nil, err
+	}
+	acq, err := lockOptions(template, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, a A) (R, error) {
+		var r R
+		name, err := n.name(a)
+		if err != nil {
+			return r, err
+		}
+		err = g.Do(ctx, name, func(ctx context.Context) error {
+			var err error
+			r, err = fn(ctx, a)
+			return err
+		}, acq...)
+		return r, err
+	}, nil
+}
+
+// MustFunc is Func for templates fixed in the program: it panics with a "guard/decorators:"
+// message where Func returns an error.
+func MustFunc[A, R any](g *guard.Guard, template string, fn func(context.Context, A) (R, error), opts ...guard.LockOption) func(context.Context, A) (R, error) {
+	f, err := Func(g, template, fn, opts...)
+	if err != nil {
+		panic(mustMessage(err))
+	}
+	return f
+}
+
+// Job returns fn wrapped so that each call holds the lock called name — a fixed name, used as
+// it is (not a template). It is the shape for workers and scheduled jobs; with
+// guard.MinHold(window) the job runs once per window across instances. Job returns a
+// *guard.NameError for a bad name and a *guard.OptionError for a bad option.
+//
+// A call of the returned function returns fn's error, or an error matching
+// guard.ErrNotAcquired when the lock is busy (another instance runs the job), or the other
+// errors of guard.Guard.Do.
+func Job(g *guard.Guard, name string, fn func(context.Context) error, opts ...guard.LockOption) (func(context.Context) error, error) {
+	if g == nil {
+		return nil, errors.New("guard/decorators: nil *guard.Guard")
+	}
+	if fn == nil {
+		return nil, errors.New("guard/decorators: nil function")
+	}
+	if err := guard.CheckName(name); err != nil {
+		return nil, err
+	}
+	acq, err := lockOptions(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		return g.Do(ctx, name, fn, acq...)
+	}, nil
+}
+
+// MustJob is Job for names fixed in the program: it panics with a "guard/decorators:" message
+// where Job returns an error.
+func MustJob(g *guard.Guard, name string, fn func(context.Context) error, opts ...guard.LockOption) func(context.Context) error {
+	f, err := Job(g, name, fn, opts...)
+	if err != nil {
+		panic(mustMessage(err))
+	}
+	return f
+}
+
+// lockOptions checks opts and returns the options of every acquisition: one attempt and the
+// template as telemetry label by default, then the caller's options, which override them.
+func lockOptions(label string, opts []guard.LockOption) ([]guard.LockOption, error) {
+	if err := guard.CheckLockOptions(opts...); err != nil {
+		return nil, err
+	}
+	acq := make([]guard.LockOption, 0, len(opts)+2)
+	acq = append(acq, guard.WaitTime(0), guard.Label(label))
+	return append(acq, opts...), nil
+}
+
+func mustMessage(err error) string {
+	return fmt.Sprintf("guard/decorators: %v", err)
+}

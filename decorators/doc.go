@@ -1,0 +1,62 @@
+// Package decorators wraps functions so that each call runs under a distributed lock whose
+// name is rendered from the call's argument: the lock is declared once, where the function is
+// built, like an annotation.
+//
+//	withdraw := decorators.MustFunc(g, "account:{AccountID}", svc.Withdraw)
+//	receipt, err := withdraw(ctx, req) // req.AccountID names the lock
+//
+// There is one generic shape, func(context.Context, A) (R, error) — Func and MustFunc — and one
+// for worker functions with a fixed lock name, func(context.Context) error — Job and MustJob.
+// Pack several arguments in a struct to use more than one.
+//
+// # Templates
+//
+// A template is literal text with placeholders in braces. A placeholder is a field path into
+// the argument: "orders:{ID}", "tenant:{Tenant.ID}:import:{Kind}". Exported struct fields are
+// followed by name (promoted fields of embedded structs too), pointers are followed, and a map
+// with string keys is indexed by the path element ("{Labels.region}"). "{.}" is the argument
+// itself, for a scalar argument: decorators.Func[string, …](g, "user:{.}", fn). In literal text
+// "{{" and "}}" stand for braces.
+//
+// The template is checked when the decorator is built, against the argument type A: bad
+// syntax, a field A does not have, an unexported field, or a type that cannot be formatted is
+// an error there (Func, Job) or a panic (MustFunc, MustJob), never a surprise on a call.
+//
+// A value is formatted by its type: MarshalText when the type (or its pointer) implements
+// encoding.TextMarshaler (time.Time, UUID types, net/netip addresses); otherwise by kind —
+// strings as they are, integers in decimal, floats and complex numbers in the shortest form
+// that reads back exactly, bools as true/false, []byte as its bytes; otherwise String when the
+// type implements fmt.Stringer. Structs, slices, maps and interfaces without those methods are
+// rejected at construction: name one of their fields instead.
+//
+// Values are escaped so that rendering is injective: with "{A}.{B}", (A "x.y", B "z") and
+// (A "x", B "y.z") get different names. A call whose value is empty, or reached through a nil
+// pointer or a missing map key, fails with a *guard.NameError and does not run the function;
+// so does a rendered name longer than guard.MaxNameLen (names are never cut). The escaping
+// rules are in docs/templates.md.
+//
+// # Calls
+//
+// A decorated call tries once by default: when another holder has the lock it returns an
+// error matching guard.ErrNotAcquired (a *guard.BusyError) without running the function.
+// Pass guard.WaitTime(d) to wait up to d. Other guard.LockOptions (LeaseTime, MinHold) apply
+// to every call; the decorator adds guard.Label(template) so that telemetry is named by the
+// template, not by the rendered name.
+//
+// The function runs under the lock's context: guard.FromContext gives the Lock (and its
+// fence), and the context is cancelled with cause guard.ErrLockLost or guard.ErrLeaseExpired
+// when the lock is lost. A decorated call made under that context on the same name (a nested
+// or recursive call) re-enters the lock instead of waiting for itself. The lock is released
+// when the function returns or panics (the panic goes on), with a context that ignores the
+// caller's cancellation, as guard.Guard.Do does; when the lock was lost while the function
+// ran, the returned error matches guard.ErrLockLost or guard.ErrLeaseExpired even if the
+// function returned nil.
+//
+// # Scheduled jobs and batches
+//
+// A job that every instance of a service runs on the same schedule runs once per window when
+// it is decorated with guard.MinHold(window): the first instance takes the lock, and the lock
+// outlives a fast job until the window ends, so the other instances find it busy even with
+// skewed clocks. A batch whose items each take their own lock ("task:{ID}") with MinHold is
+// processed once per item across instances.
+package decorators

@@ -1,0 +1,259 @@
+package decorators
+
+import (
+	"encoding"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/lockname"
+)
+
+// namer renders lock names for arguments of type A. The field paths are resolved against A
+// once, in newNamer; a call only walks them.
+type namer[A any] struct {
+	tmpl  *lockname.Template
+	keys  []string    // the template's placeholder keys
+	paths []fieldPath // one per key
+}
+
+// fieldPath reaches one placeholder's value from the argument.
+type fieldPath struct {
+	steps  []step
+	format formatter
+}
+
+// step is one move along a field path.
+type step struct {
+	where string        // the path so far, for errors ("the argument", "Tenant")
+	deref bool          // follow a pointer
+	index []int         // else, when set: a struct field (reflect.Value.FieldByIndexErr)
+	key   reflect.Value // else: a map key
+}
+
+// formatter turns a value reached by a field path into its text.
+type formatter func(reflect.Value) (string, error)
+
+var (
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+	stringerType      = reflect.TypeFor[fmt.Stringer]()
+)
+
+// newNamer compiles template against A. It returns a *guard.NameError naming the template.
+func newNamer[A any](template string) (*namer[A], error) {
+	bad := func(reason string) (*namer[A], error) {
+		return nil, &guard.NameError{Name: template, Reason: reason}
+	}
+	tmpl, err := lockname.Parse(template)
+	if err != nil {
+		if se, ok := errors.AsType[*lockname.SyntaxError](err); ok {
+			return bad(fmt.Sprintf("%s (at byte %d)", se.Msg, se.Offset))
+		}
+		return bad(err.Error())
+	}
+	n := &namer[A]{tmpl: tmpl, keys: tmpl.Keys()}
+	typ := reflect.TypeFor[A]()
+	for _, key := range n.keys {
+		p, err := compilePath(typ, key)
+		if err != nil {
+			return bad(fmt.Sprintf("{%s}: %v", key, err))
+		}
+		n.paths = append(n.paths, p)
+	}
+	if len(n.paths) == 0 {
+		// A fixed name: check it now rather than on every call.
+		name, _ := tmpl.Render(nil)
+		if err := guard.CheckName(name); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// name renders the lock name for a. It returns a *guard.NameError when a value is missing or
+// empty or the name is too long.
+func (n *namer[A]) name(a A) (string, error) {
+	arg := reflect.ValueOf(&a).Elem()
+	var vals []string
+	if len(n.paths) > 0 {
+		vals = make([]string, len(n.paths))
+	}
+	for i, p := range n.paths {
+		v, err := p.value(arg)
+		if err != nil {
+			return "", &guard.NameError{Name: n.tmpl.String(), Reason: fmt.Sprintf("{%s}: %v", n.keys[i], err)}
+		}
+		vals[i] = v
+	}
+	name, err := n.tmpl.Render(vals)
+	if err != nil {
+		if ve, ok := errors.AsType[*lockname.ValueError](err); ok {
+			return "", &guard.NameError{Name: n.tmpl.String(), Reason: fmt.Sprintf("{%s}: %s", ve.Key, ve.Reason)}
+		}
+		return "", &guard.NameError{Name: n.tmpl.String(), Reason: err.Error()}
+	}
+	if err := guard.CheckName(name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+// compilePath resolves a placeholder key — "." or a dotted path of field names and map keys —
+// against typ.
+func compilePath(typ reflect.Type, key string) (fieldPath, error) {
+	var p fieldPath
+	where := "the argument"
+	if key != "." {
+		for elem := range strings.SplitSeq(key, ".") {
+			if elem == "" {
+				return p, errors.New("empty element in field path")
+			}
+			for typ.Kind() == reflect.Pointer {
+				p.steps = append(p.steps, step{where: where, deref: true})
+				typ = typ.Elem()
+			}
+			switch typ.Kind() {
+			case reflect.Struct:
+				sf, ok := typ.FieldByName(elem)
+				if !ok || !sf.IsExported() {
+					return p, fmt.Errorf("%s (%s) has no exported field %s", where, typ, elem)
+				}
+				p.steps = append(p.steps, step{where: where, index: sf.Index})
+				typ = sf.Type
+			case reflect.Map:
+				if typ.Key().Kind() != reflect.String {
+					return p, fmt.Errorf("%s (%s) is a map without string keys", where, typ)
+				}
+				p.steps = append(p.steps, step{where: where, key: reflect.ValueOf(elem).Convert(typ.Key())})
+				typ = typ.Elem()
+			default:
+				return p, fmt.Errorf("%s (%s) is not a struct or map, so has no %s", where, typ, elem)
+			}
+			if where == "the argument" {
+				where = elem
+			} else {
+				where += "." + elem
+			}
+		}
+	}
+	f, err := formatterFor(typ)
+	if err != nil {
+		return p, fmt.Errorf("%s: %w", where, err)
+	}
+	p.format = f
+	return p, nil
+}
+
+// value walks the path from the argument and formats what it reaches.
+func (p *fieldPath) value(v reflect.Value) (string, error) {
+	for _, s := range p.steps {
+		switch {
+		case s.deref:
+			if v.IsNil() {
+				return "", fmt.Errorf("%s is a nil pointer", s.where)
+			}
+			v = v.Elem()
+		case s.index != nil:
+			f, err := v.FieldByIndexErr(s.index)
+			if err != nil {
+				return "", fmt.Errorf("%s: nil embedded pointer", s.where)
+			}
+			v = f
+		default:
+			e := v.MapIndex(s.key)
+			if !e.IsValid() {
+				return "", fmt.Errorf("%s has no key %q", s.where, s.key.String())
+			}
+			v = e
+		}
+	}
+	return p.format(v)
+}
+
+// formatterFor returns how to format values of typ (see the package doc), or an error when
+// they cannot be formatted.
+func formatterFor(typ reflect.Type) (formatter, error) {
+	switch {
+	case typ.Implements(textMarshalerType):
+		return viaInterface(typ, func(x any) (string, error) {
+			b, err := x.(encoding.TextMarshaler).MarshalText()
+			return string(b), err
+		}), nil
+	case typ.Kind() != reflect.Pointer && typ.Kind() != reflect.Interface && reflect.PointerTo(typ).Implements(textMarshalerType):
+		return viaPointer(typ, func(x any) (string, error) {
+			b, err := x.(encoding.TextMarshaler).MarshalText()
+			return string(b), err
+		}), nil
+	case typ.Kind() == reflect.Pointer:
+		elem, err := formatterFor(typ.Elem())
+		if err != nil {
+			return nil, err
+		}
+		return func(v reflect.Value) (string, error) {
+			if v.IsNil() {
+				return "", errors.New("nil pointer")
+			}
+			return elem(v.Elem())
+		}, nil
+	}
+	switch typ.Kind() {
+	case reflect.String:
+		return func(v reflect.Value) (string, error) { return v.String(), nil }, nil
+	case reflect.Bool:
+		return func(v reflect.Value) (string, error) { return strconv.FormatBool(v.Bool()), nil }, nil
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return func(v reflect.Value) (string, error) { return strconv.FormatInt(v.Int(), 10), nil }, nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return func(v reflect.Value) (string, error) { return strconv.FormatUint(v.Uint(), 10), nil }, nil
+	case reflect.Float32, reflect.Float64:
+		bits := typ.Bits()
+		return func(v reflect.Value) (string, error) { return strconv.FormatFloat(v.Float(), 'g', -1, bits), nil }, nil
+	case reflect.Complex64, reflect.Complex128:
+		bits := typ.Bits()
+		return func(v reflect.Value) (string, error) { return strconv.FormatComplex(v.Complex(), 'g', -1, bits), nil }, nil
+	case reflect.Slice:
+		if typ.Elem().Kind() == reflect.Uint8 {
+			return func(v reflect.Value) (string, error) { return string(v.Bytes()), nil }, nil
+		}
+	}
+	switch {
+	case typ.Implements(stringerType):
+		return viaInterface(typ, func(x any) (string, error) { return x.(fmt.Stringer).String(), nil }), nil
+	case typ.Kind() != reflect.Interface && reflect.PointerTo(typ).Implements(stringerType):
+		return viaPointer(typ, func(x any) (string, error) { return x.(fmt.Stringer).String(), nil }), nil
+	}
+	return nil, fmt.Errorf("%s cannot be formatted: name a field of it, or give it a MarshalText or String method", typ)
+}
+
+// viaInterface calls f with the value, which implements f's interface; a nil interface or
+// pointer is an error.
+func viaInterface(typ reflect.Type, f func(any) (string, error)) formatter {
+	nilable := typ.Kind() == reflect.Interface || typ.Kind() == reflect.Pointer
+	return func(v reflect.Value) (string, error) {
+		if nilable && v.IsNil() {
+			return "", errors.New("nil")
+		}
+		if !v.CanInterface() {
+			return "", fmt.Errorf("%s is not accessible", typ)
+		}
+		return f(v.Interface())
+	}
+}
+
+// viaPointer calls f with a pointer to the value, whose pointer type implements f's interface.
+func viaPointer(typ reflect.Type, f func(any) (string, error)) formatter {
+	return func(v reflect.Value) (string, error) {
+		if v.CanAddr() && v.Addr().CanInterface() {
+			return f(v.Addr().Interface())
+		}
+		if !v.CanInterface() {
+			return "", fmt.Errorf("%s is not accessible", typ)
+		}
+		p := reflect.New(typ)
+		p.Elem().Set(v)
+		return f(p.Interface())
+	}
+}
