@@ -3,15 +3,14 @@ package locktest
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/guardlock/guard"
 )
 
 // Bench runs the backend benchmarks: an uncontended acquire+release, and a contended hand-off
-// of one name between Guards with their own clients. Each reports allocations, and round trips
-// per operation when the harness can count them.
+// of one name between two Guards with their own clients. Each reports allocations, and round
+// trips per operation when the harness can count them.
 func Bench(b *testing.B, h Harness) {
 	b.Run("AcquireRelease", func(b *testing.B) { benchAcquireRelease(b, h) })
 	b.Run("Handoff", func(b *testing.B) { benchHandoff(b, h) })
@@ -44,60 +43,95 @@ func benchAcquireRelease(b *testing.B, h Harness) {
 	}
 }
 
-// benchHandoff has 2 Guards × 4 goroutines take turns on ONE name; an op is one acquisition,
-// so ns/op is the time from one holder's release to the next holder's grant, plus the section.
+// benchHandoff passes one name back and forth between two Guards with their own clients.
 func benchHandoff(b *testing.B, h Harness) {
-	const guards, workers = 2, 4
-	name := uniqueName(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	var lockers [2]Locker
 	var counters []func() int64
-	gs := make([]*guard.Guard, guards)
-	for i := range gs {
-		var target Target
-		gs[i], target = newGuard(b, h)
+	for i := range lockers {
+		g, target := newGuard(b, h)
+		lockers[i] = func(ctx context.Context, name string) (func() error, error) {
+			l, err := g.Acquire(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return l.Release(ctx) }, nil
+		}
 		if target.RoundTrips != nil {
 			counters = append(counters, target.RoundTrips)
 		}
 	}
-	total := func() (n int64) {
-		for _, c := range counters {
-			n += c()
-		}
-		return n
+	var roundTrips func() int64
+	if len(counters) == len(lockers) {
+		roundTrips = func() int64 { return counters[0]() + counters[1]() }
 	}
-	before := total()
+	Handoff(b, uniqueName(b), lockers, roundTrips)
+}
+
+// Locker takes the lock called name, waiting for it, and returns its release. Benchmarks of
+// other lock libraries wrap them in one to run Handoff.
+type Locker func(ctx context.Context, name string) (unlock func() error, err error)
+
+// HandoffSection is how long each holder keeps the lock in Handoff.
+const HandoffSection = 200 * time.Microsecond
+
+// Handoff measures how fast a lock passes from one instance to another that is waiting for
+// it. Two instances take turns on ONE name: each holds the lock for HandoffSection, during
+// which the other asks for it and waits; after its release an instance asks again only when
+// its turn comes, so that nobody barges back in. An op is one acquisition. handoff-µs/op is
+// the wall time of an op minus the time spent holding: the release, the waiter noticing, and
+// its grant. With roundTrips, roundtrips/op counts every request both instances sent.
+func Handoff(b *testing.B, name string, lockers [2]Locker, roundTrips func() int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
 	var (
-		mu   sync.Mutex // protects left
-		left = b.N
+		turns  = [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}
+		ops    atomic.Int64 // acquisitions so far
+		inside atomic.Int32 // holders right now: more than one is a failure
+		held   atomic.Int64 // ns spent holding
+		before int64
 	)
-	take := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if left == 0 {
-			return false
-		}
-		left--
-		return true
+	turns[0] <- struct{}{}
+	if roundTrips != nil {
+		before = roundTrips()
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	start := time.Now()
 	var wg sync.WaitGroup
-	for _, g := range gs {
-		for range workers {
-			wg.Go(func() {
-				for take() {
-					if err := g.Do(ctx, name, func(context.Context) error { return nil }); err != nil {
-						b.Error(err)
-						return
-					}
+	for me := range 2 {
+		other := 1 - me
+		wg.Go(func() {
+			for range turns[me] {
+				if ops.Load() >= int64(b.N) {
+					turns[other] <- struct{}{} // let the other one see the end too
+					return
 				}
-			})
-		}
+				unlock, err := lockers[me](ctx, name)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					b.Error("two holders at once")
+				}
+				ops.Add(1)
+				t0 := time.Now()
+				turns[other] <- struct{}{} // the other instance asks for the lock now
+				time.Sleep(HandoffSection)
+				held.Add(int64(time.Since(t0)))
+				inside.Add(-1)
+				if err := unlock(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
 	}
 	wg.Wait()
+	elapsed := time.Since(start)
 	b.StopTimer()
-	if len(counters) > 0 {
-		b.ReportMetric(float64(total()-before)/float64(b.N), "roundtrips/op")
+	b.ReportMetric(float64(elapsed.Nanoseconds()-held.Load())/1e3/float64(b.N), "handoff-µs/op")
+	if roundTrips != nil {
+		b.ReportMetric(float64(roundTrips()-before)/float64(b.N), "roundtrips/op")
 	}
 }

@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/locktest"
+	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/redisstore"
+)
+
+// counter is a go-redis hook that counts round trips: one per command, one per pipeline.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// lib is one lock library under comparison: lock takes name (waiting when wait is set),
+// unlock gives it back.
+type lib struct {
+	name string
+	// open returns a locker on client; each instance of a service would have its own.
+	open func(b *testing.B, client *redis.Client) locker
+}
+
+type locker func(ctx context.Context, name string, wait bool) (unlock func() error, err error)
+
+const ttl = 30 * time.Second
+
+var libs = []lib{
+	{"guard", func(b *testing.B, client *redis.Client) locker {
+		g := guard.New(redisstore.New(client), guard.WithWatchdogTimeout(ttl))
+		b.Cleanup(func() { _ = g.Close(context.Background()) })
+		return func(ctx context.Context, name string, wait bool) (func() error, error) {
+			var opts []guard.LockOption
+			if !wait {
+				opts = append(opts, guard.WaitTime(0))
+			}
+			l, err := g.Acquire(ctx, name, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return l.Release(ctx) }, nil
+		}
+	}},
+	{"redislock", func(b *testing.B, client *redis.Client) locker {
+		c := redislock.New(client)
+		// redislock waits by polling; 1 ms is its most eager sensible setting.
+		poll := &redislock.Options{RetryStrategy: redislock.LinearBackoff(time.Millisecond)}
+		return func(ctx context.Context, name string, wait bool) (func() error, error) {
+			var opt *redislock.Options
+			if wait {
+				opt = poll
+			}
+			l, err := c.Obtain(ctx, name, ttl, opt)
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return l.Release(ctx) }, nil
+		}
+	}},
+	{"redsync", func(b *testing.B, client *redis.Client) locker {
+		rs := redsync.New(goredis.NewPool(client))
+		return func(ctx context.Context, name string, wait bool) (func() error, error) {
+			opts := []redsync.Option{redsync.WithExpiry(ttl), redsync.WithTries(1)}
+			if wait {
+				// redsync also polls; its default delay is 50-250 ms, 1 ms is the eager end.
+				opts = []redsync.Option{redsync.WithExpiry(ttl), redsync.WithTries(math.MaxInt32),
+					redsync.WithRetryDelay(time.Millisecond)}
+			}
+			m := rs.NewMutex(name, opts...)
+			if err := m.LockContext(ctx); err != nil {
+				return nil, err
+			}
+			return func() error {
+				ok, err := m.UnlockContext(ctx)
+				if err == nil && !ok {
+					err = errors.New("redsync: not unlocked")
+				}
+				return err
+			}, nil
+		}
+	}},
+}
+
+// newClient returns a client on srv with a round-trip counter.
+func newClient(b *testing.B, addr string) (*redis.Client, *counter) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	cnt := &counter{}
+	c.AddHook(cnt)
+	b.Cleanup(func() { _ = c.Close() })
+	return c, cnt
+}
+
+// BenchmarkUncontended takes and releases a free name: the cost when nobody else wants it.
+func BenchmarkUncontended(b *testing.B) {
+	srv := testserver.StartRedis(b)
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			client, cnt := newClient(b, srv.Addr)
+			lock := l.open(b, client)
+			ctx := context.Background()
+			name := "bench:uncontended:" + l.name
+			before := cnt.n.Load()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				unlock, err := lock(ctx, name, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := unlock(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(cnt.n.Load()-before)/float64(b.N), "roundtrips/op")
+		})
+	}
+}
+
+// BenchmarkHandoff passes ONE name back and forth between two instances, each with its own
+// client; see locktest.Handoff for what handoff-µs/op measures.
+func BenchmarkHandoff(b *testing.B) {
+	srv := testserver.StartRedis(b)
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			var counters [2]*counter
+			var lockers [2]locktest.Locker
+			for i := range lockers {
+				var client *redis.Client
+				client, counters[i] = newClient(b, srv.Addr)
+				lock := l.open(b, client)
+				lockers[i] = func(ctx context.Context, name string) (func() error, error) {
+					return lock(ctx, name, true)
+				}
+			}
+			locktest.Handoff(b, "bench:handoff:"+l.name, lockers,
+				func() int64 { return counters[0].n.Load() + counters[1].n.Load() })
+		})
+	}
+}
