@@ -5,7 +5,12 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +25,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/examples/httpapi/accounts"
 	"github.com/guardlock/guard/internal/testserver"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/tracing"
@@ -30,14 +36,17 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // service is the service.name the test's spans are exported under.
 const service = "guard-e2e"
 
-// requestSpan is the name of the span each request of the traffic runs in: the parent of
-// the lock's acquire and hold spans.
-const requestSpan = "request"
+// requestSpan is the name of the server span each request of the traffic runs in: the parent
+// of the lock's acquire and hold spans. workSpan is the span of the work under the lock.
+const (
+	requestSpan = "POST /accounts/{id}/withdraw"
+	workSpan    = "accounts.withdraw"
+)
 
-// traffic sends requests that contend for one lock, each in a root span called requestSpan,
+// traffic sends requests that contend for a lock, each in a server span called requestSpan,
 // with spans from tp (for the locks: tracing.New(tracing.WithTracerProvider(tp))), and returns
 // what Jaeger should show once they are exported. It is the part of the test to swap for
-// another entry point (a decorator, an HTTP handler behind the middleware).
+// another entry point.
 type traffic func(t *testing.T, tp trace.TracerProvider) expected
 
 // expected is what a traffic run must leave in Jaeger.
@@ -68,7 +77,7 @@ func TestJaeger(t *testing.T) {
 	})
 
 	since := time.Now()
-	run := contendInProcess
+	var run traffic = withdrawOverHTTP
 	want := run(t, tp)
 	require.NoError(t, tp.ForceFlush(ctx))
 	exported := time.Now()
@@ -88,6 +97,7 @@ func TestJaeger(t *testing.T) {
 	require.NoError(t, err, "spans found: %v", count(spans))
 	t.Logf("%d spans in Jaeger %v after the flush, %v after start: %v",
 		len(spans), time.Since(exported).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond), count(spans))
+	writeDocsWaterfall(t, spans)
 
 	byID := make(map[string]testserver.Span, len(spans))
 	for _, s := range spans {
@@ -127,7 +137,7 @@ func TestJaeger(t *testing.T) {
 		case releaseName:
 			assert.Equal(t, holdName, parent(s).Name, "release span's parent")
 			assert.NotEqual(t, "error", s.Status, "release status: %s", s.StatusMessage)
-		case "work":
+		case workSpan:
 			assert.Equal(t, holdName, parent(s).Name, "locked work's parent")
 		}
 	}
@@ -136,20 +146,27 @@ func TestJaeger(t *testing.T) {
 	assert.Len(t, holds, want.outcomes["acquired"])
 
 	// The locked sections of one name never overlap: each hold starts after the work under
-	// the previous one ended.
+	// the previous hold of that name ended.
 	sort.Slice(holds, func(a, b int) bool { return holds[a].Start.Before(holds[b].Start) })
 	work := map[string]testserver.Span{} // by parent hold span
 	for _, s := range spans {
-		if s.Name == "work" {
+		if s.Name == workSpan {
 			work[s.ParentSpanID] = s
 		}
 	}
-	for i := 1; i < len(holds); i++ {
-		prev, ok := work[holds[i-1].SpanID]
-		require.True(t, ok, "hold span %s has a work span", holds[i-1].SpanID)
-		assert.False(t, holds[i].Start.Before(prev.End), "hold %d starts at %v, before the work under hold %d ended at %v",
-			i, holds[i].Start, i-1, prev.End)
+	previous := map[string]testserver.Span{} // the last hold of each lock name
+	for _, h := range holds {
+		name, _ := h.Attributes[string(tracing.NameKey)].(string)
+		require.NotEmpty(t, name, "hold span %s has the lock name", h.SpanID)
+		if prev, ok := previous[name]; ok {
+			w, ok := work[prev.SpanID]
+			require.True(t, ok, "hold span %s has a work span", prev.SpanID)
+			assert.False(t, h.Start.Before(w.End), "a hold of %q starts at %v, before the work under the one before ended at %v",
+				name, h.Start, w.End)
+		}
+		previous[name] = h
 	}
+	assert.Len(t, previous, 2, "lock names held")
 }
 
 // count returns how many spans there are of each name.
@@ -161,100 +178,111 @@ func count(spans []testserver.Span) map[string]int {
 	return n
 }
 
-// contendInProcess is traffic through Guard.Do: three instances of a service (three Guards
-// on one shared memstore) run nine requests on one lock name, so that all but one wait, plus
-// two requests that find it busy and give up at once. The first request holds the lock until
-// every other has been told it is busy and has parked waiting for a release.
-func contendInProcess(t *testing.T, tp trace.TracerProvider) expected {
+// withdrawOverHTTP is traffic through the httpapi example's handler: three instances of the
+// account service (three Guards on one shared memstore, each behind its own HTTP server, one
+// ledger) take withdrawals. While another instance holds account 42 (a Guard without
+// telemetry, as a batch job would), six concurrent withdrawals on it are sent; once all of them
+// are parked waiting for its release, two withdrawals on it to an instance that does not wait
+// are answered 423, three withdrawals on account 7 go through without waiting, and then
+// account 42 is released: the six take it one after another, each woken by the release before
+// its turn.
+func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
 	const (
-		instances   = 3
-		requests    = 9
-		busy        = 2
-		label       = "invoice:{id}"
-		name        = "invoice:42"
-		workingTime = 5 * time.Millisecond
+		instances = 3
+		waiters   = 6 // on account 42
+		busy      = 2 // on account 42, to an instance that does not wait
+		others    = 3 // on account 7
+		amount    = 10
 	)
-	tracer := tp.Tracer("github.com/guardlock/guard/internal/e2e")
-	obs := tracing.New(tracing.WithTracerProvider(tp))
-	store := &spy{Store: memstore.New(), busy: make(chan struct{}, 2*requests+busy)}
-	guards := make([]*guard.Guard, instances)
-	for i := range guards {
-		guards[i] = guard.New(store, guard.WithObserver(obs))
+	store := &spy{Store: memstore.New(), busy: make(chan struct{}, 4*waiters)}
+	ledger := &accounts.Ledger{}
+	a42, a7 := accounts.Account{Tenant: "acme", ID: "42"}, accounts.Account{Tenant: "acme", ID: "7"}
+	for _, a := range []accounts.Account{a42, a7} {
+		tx, err := ledger.Begin(a, 0)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(1000))
 	}
-	t.Cleanup(func() {
-		for _, g := range guards {
-			assert.NoError(t, g.Close(context.Background()))
-		}
-	})
 
-	// request runs one request on instance i: its span, the lock, the work under it.
-	request := func(i int, acquire func(ctx context.Context, g *guard.Guard) (*guard.Lock, error), work func(context.Context)) error {
-		ctx, span := tracer.Start(context.Background(), requestSpan,
-			trace.WithAttributes(attribute.Int("request.instance", i%instances)))
-		defer span.End()
-		l, err := acquire(ctx, guards[i%instances])
+	obs := tracing.New(tracing.WithTracerProvider(tp))
+	servers := make([]*httptest.Server, instances+1) // the last one does not wait
+	for i := range servers {
+		g := guard.New(store, guard.WithObserver(obs))
+		t.Cleanup(func() { assert.NoError(t, g.Close(context.Background())) })
+		wait := 30 * time.Second
+		if i == instances {
+			wait = 0
+		}
+		servers[i] = httptest.NewServer(accounts.NewHandler(g, ledger, accounts.WithTracerProvider(tp),
+			accounts.WithWork(5*time.Millisecond), accounts.WithWaitTime(wait)))
+		t.Cleanup(servers[i].Close) // before the Guard closes: cleanups run last first
+	}
+	// withdraw sends a withdrawal to server i and checks that it got status.
+	withdraw := func(i int, account string, status int) error {
+		srv := servers[i]
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/accounts/"+account+"/withdraw",
+			strings.NewReader(fmt.Sprintf(`{"amount": %d}`, amount)))
 		if err != nil {
-			span.RecordError(err)
 			return err
 		}
-		wctx, ws := tracer.Start(l.Context(), "work")
-		work(wctx)
-		ws.End()
-		return l.Release(ctx)
+		req.Header.Set(accounts.TenantHeader, "acme")
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			return err
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != status {
+			return fmt.Errorf("withdraw from %s: %s: %s", account, res.Status, body)
+		}
+		return nil
 	}
-	wait := func(ctx context.Context, g *guard.Guard) (*guard.Lock, error) {
-		return g.Acquire(ctx, name, guard.Label(label))
+
+	holder := guard.New(store) // another instance, untraced
+	t.Cleanup(func() { assert.NoError(t, holder.Close(context.Background())) })
+	held, err := holder.TryAcquire(t.Context(), "tenant:acme:account:42")
+	require.NoError(t, err)
+
+	// The withdrawals on 42 wait. Each is parked once it was told "busy" twice: once before
+	// it asked for release notifications, once after.
+	var wg sync.WaitGroup
+	errs := make(chan error, waiters)
+	for i := range waiters {
+		wg.Go(func() { errs <- withdraw(i%instances, "42", http.StatusOK) })
 	}
-	sleep := func(context.Context) { time.Sleep(workingTime) } // stands for the work
-
-	// The first request takes the lock and holds it until the others are parked.
-	granted, unblock := make(chan struct{}), make(chan struct{})
-	firstDone := make(chan error, 1)
-	go func() {
-		firstDone <- request(0, wait, func(context.Context) { close(granted); <-unblock })
-	}()
-	<-granted
-
-	// Two requests find it busy and give up.
-	for i := range busy {
-		err := request(i+1, func(ctx context.Context, g *guard.Guard) (*guard.Lock, error) {
-			return g.TryAcquire(ctx, name, guard.Label(label))
-		}, sleep)
-		require.ErrorIs(t, err, guard.ErrNotAcquired)
+	for range 2 * waiters {
+		<-store.busy
 	}
 	for range busy {
-		<-store.busy
+		require.NoError(t, withdraw(instances, "42", http.StatusLocked))
 	}
-
-	// The rest wait. Each is parked once it was told "busy" twice: once before it asked for
-	// release notifications, once after.
-	var wg sync.WaitGroup
-	errs := make(chan error, requests)
-	for i := 1; i < requests; i++ {
-		wg.Go(func() { errs <- request(i, wait, sleep) })
+	// Another account is not held up.
+	for i := range others {
+		require.NoError(t, withdraw(i, "7", http.StatusOK))
 	}
-	for range 2 * (requests - 1) {
-		<-store.busy
-	}
-	close(unblock)
-	require.NoError(t, <-firstDone)
+	require.NoError(t, held.Release(t.Context()))
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
+
+	for a, want := range map[accounts.Account]int64{a42: 1000 - waiters*amount, a7: 1000 - others*amount} {
+		balance, _ := ledger.Balance(a)
+		assert.Equal(t, want, balance, "balance of %s", a.ID)
+	}
+	assert.Zero(t, ledger.Overlaps(), "writes of one account overlapped")
 	return expected{
-		requests: requests + busy,
-		outcomes: map[string]int{"acquired": requests, "busy": busy},
-		waited:   requests - 1,
-		label:    label,
+		requests: waiters + busy + others,
+		outcomes: map[string]int{"acquired": waiters + others, "busy": busy},
+		waited:   waiters,
+		label:    accounts.LockTemplate,
 		backend:  "e2e", // the spy's package
 	}
 }
 
 // spy wraps a store and reports busy answers to Acquire, so that the traffic knows when its
-// waiters are parked without sleeping. Make busy large enough for the answers counted. Embedding *memstore.Store keeps its release
-// notifications.
+// waiters are parked without sleeping. Make busy large enough for the answers counted.
+// Embedding *memstore.Store keeps its release notifications.
 type spy struct {
 	*memstore.Store
 	busy chan struct{} // one value per busy answer; buffered

@@ -1,0 +1,98 @@
+// Command worker runs several instances of one service, each with its own Guard on one shared
+// lock backend, through guard's two worker patterns:
+//
+//   - a scheduled job that must run once per window across the instances:
+//     decorators.MustJob with guard.MinHold. Every instance fires it at every tick; one of
+//     them runs it, the others find the window taken;
+//   - a batch of tasks, each locked by its ID: decorators.MustFunc with "task:{ID}". Every
+//     instance walks the whole batch and skips the tasks that are busy (another instance
+//     holds them) or done (a done set, checked under the lock).
+//
+// By default it runs a short demonstration — 3 instances, 4 windows of 1 s, 24 tasks — on the
+// embedded in-process backend, prints which instance ran each window and each task, and exits
+// 0 when every window and every task ran exactly once (1 otherwise):
+//
+//	go run ./examples/worker
+//	go run ./examples/worker -timeline timeline.svg          # and draw the run
+//	go run ./examples/worker -forever -redis 127.0.0.1:6379  # until interrupted
+//
+// -redis, -mongo (or GUARD_REDIS_ADDR, GUARD_MONGO_URI) select the backend, and
+// OTEL_EXPORTER_OTLP_ENDPOINT turns on tracing, as for the httpapi example.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/examples/internal/setup"
+)
+
+// service is the program's OpenTelemetry service name.
+const service = "guard-worker"
+
+func main() {
+	setup.Main(func(ctx context.Context, log *slog.Logger) error { return run(ctx, os.Args[1:], os.Stdout, log) })
+}
+
+// run runs the demonstration, or with -forever runs until ctx ends, and prints the summary
+// to stdout. It returns an error when a window or a task ran twice, or, in a demonstration
+// that ran to its end, not at all.
+func run(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger) (err error) {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	var cfg config
+	fs.IntVar(&cfg.instances, "instances", 3, "how many instances of the service run")
+	fs.IntVar(&cfg.windows, "windows", 4, "how many windows of the job to run")
+	fs.DurationVar(&cfg.window, "window", time.Second, "run the job once per `window`")
+	fs.IntVar(&cfg.tasks, "tasks", 24, "how many tasks a batch has")
+	fs.DurationVar(&cfg.work, "work", 250*time.Millisecond, "how long a task takes on average")
+	forever := fs.Bool("forever", false, "run until interrupted, with a new batch every window")
+	timeline := fs.String("timeline", "", "write an SVG timeline of the run to `path`")
+	backend := setup.BackendFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case cfg.instances < 1 || cfg.windows < 1 || cfg.tasks < 0 || cfg.work < 0:
+		return errors.New("-instances and -windows must be at least 1, -tasks and -work not negative")
+	case cfg.window < 100*time.Millisecond:
+		return errors.New("-window must be at least 100ms")
+	}
+	if *forever {
+		cfg.windows = 0
+	}
+
+	p, err := setup.Start(ctx, service, *backend, log)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, p.Close()) }()
+	log.Info(fmt.Sprintf("%d instances: job %q every %v, and a batch of %d tasks %q", cfg.instances, jobName,
+		cfg.window, cfg.tasks, taskTemplate))
+	rec := demo(ctx, cfg, func() *guard.Guard { return p.Guard() }, log)
+
+	rec.summarize(stdout, p.BackendDescription())
+	if *timeline != "" {
+		if err := writeTimelineFile(*timeline, rec, p.BackendDescription()); err != nil {
+			return err
+		}
+		log.Info("timeline written to " + *timeline)
+	}
+	complete := cfg.windows > 0 && ctx.Err() == nil
+	if err := rec.check(complete); err != nil {
+		fmt.Fprintf(stdout, "\nFAILED:\n%v\n", err)
+		return errors.New("a window or a task did not run exactly once")
+	}
+	if complete {
+		fmt.Fprintln(stdout, "\nOK: every window ran exactly once, and every task ran exactly once.")
+	} else {
+		fmt.Fprintln(stdout, "\nOK: no window and no task ran twice.")
+	}
+	return nil
+}
