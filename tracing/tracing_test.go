@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/locktest"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/tracing"
 )
@@ -292,24 +293,6 @@ func TestNoCallerSpan(t *testing.T) {
 	assert.Equal(t, hold.SpanContext().SpanID(), tel.span(t, "guard.release").Parent().SpanID())
 }
 
-// spy wraps a backend and reports busy answers to Acquire, so that a test knows its waiter
-// is parked without sleeping. Embedding *memstore.Store keeps its release notifications.
-type spy struct {
-	*memstore.Store
-	busy chan struct{} // one value per busy answer; buffered
-}
-
-func (s *spy) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
-	fence, err := s.Store.Acquire(ctx, name, token, ttl)
-	if errors.Is(err, guard.ErrNotAcquired) {
-		select {
-		case s.busy <- struct{}{}:
-		default:
-		}
-	}
-	return fence, err
-}
-
 // broken is a backend whose server does not answer.
 type broken struct{ *memstore.Store }
 
@@ -327,24 +310,24 @@ func TestOutcomes(t *testing.T) {
 		status  codes.Code
 		// contend tries name on g under ctx while another instance of the service holds it,
 		// and returns the lock it got, if any. release lets the holder go.
-		contend func(ctx context.Context, g *guard.Guard, s *spy, release func()) (*guard.Lock, error)
-		backend func(s *spy) guard.Backend
+		contend func(ctx context.Context, g *guard.Guard, s *locktest.Spy, release func()) (*guard.Lock, error)
+		backend func(s *locktest.Spy) guard.Backend
 	}{
 		{
 			name: "Busy", outcome: "busy",
-			contend: func(ctx context.Context, g *guard.Guard, _ *spy, _ func()) (*guard.Lock, error) {
+			contend: func(ctx context.Context, g *guard.Guard, _ *locktest.Spy, _ func()) (*guard.Lock, error) {
 				return g.TryAcquire(ctx, name, guard.Label("report:{day}"))
 			},
 		},
 		{
 			name: "Timeout", outcome: "timeout",
-			contend: func(ctx context.Context, g *guard.Guard, _ *spy, _ func()) (*guard.Lock, error) {
+			contend: func(ctx context.Context, g *guard.Guard, _ *locktest.Spy, _ func()) (*guard.Lock, error) {
 				return g.Acquire(ctx, name, guard.Label("report:{day}"), guard.WaitTime(30*time.Millisecond))
 			},
 		},
 		{
 			name: "Canceled", outcome: "canceled",
-			contend: func(ctx context.Context, g *guard.Guard, _ *spy, _ func()) (*guard.Lock, error) {
+			contend: func(ctx context.Context, g *guard.Guard, _ *locktest.Spy, _ func()) (*guard.Lock, error) {
 				ctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 				defer cancel()
 				return g.Acquire(ctx, name, guard.Label("report:{day}"))
@@ -352,12 +335,12 @@ func TestOutcomes(t *testing.T) {
 		},
 		{
 			name: "AcquiredAfterWaiting", outcome: "acquired",
-			contend: func(ctx context.Context, g *guard.Guard, s *spy, release func()) (*guard.Lock, error) {
+			contend: func(ctx context.Context, g *guard.Guard, s *locktest.Spy, release func()) (*guard.Lock, error) {
 				go func() {
 					// The second busy answer comes after the waiter registered for release
 					// notifications: the release then wakes it.
-					<-s.busy
-					<-s.busy
+					<-s.Busy()
+					<-s.Busy()
 					release()
 				}()
 				return g.Acquire(ctx, name, guard.Label("report:{day}"))
@@ -365,8 +348,8 @@ func TestOutcomes(t *testing.T) {
 		},
 		{
 			name: "BackendError", outcome: "error", status: codes.Error,
-			backend: func(s *spy) guard.Backend { return broken{s.Store} },
-			contend: func(ctx context.Context, g *guard.Guard, _ *spy, _ func()) (*guard.Lock, error) {
+			backend: func(s *locktest.Spy) guard.Backend { return broken{s.Backend.(*memstore.Store)} },
+			contend: func(ctx context.Context, g *guard.Guard, _ *locktest.Spy, _ func()) (*guard.Lock, error) {
 				return g.TryAcquire(ctx, name, guard.Label("report:{day}"))
 			},
 		},
@@ -375,8 +358,8 @@ func TestOutcomes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tel := newTelemetry(t)
 			obs := tel.observer()
-			s := &spy{Store: memstore.New(), busy: make(chan struct{}, 8)}
-			holder := newGuard(t, s.Store, obs)
+			s := locktest.NewSpy(memstore.New(), 8)
+			holder := newGuard(t, s.Backend, obs)
 			var b guard.Backend = s
 			if tt.backend != nil {
 				b = tt.backend(s)

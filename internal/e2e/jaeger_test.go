@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/examples/httpapi/accounts"
+	"github.com/guardlock/guard/internal/locktest"
 	"github.com/guardlock/guard/internal/testserver"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/tracing"
@@ -194,7 +194,7 @@ func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
 		others    = 3 // on account 7
 		amount    = 10
 	)
-	store := &spy{Store: memstore.New(), busy: make(chan struct{}, 4*waiters)}
+	store := locktest.NewSpy(memstore.New(), 4*waiters)
 	ledger := &accounts.Ledger{}
 	a42, a7 := accounts.Account{Tenant: "acme", ID: "42"}, accounts.Account{Tenant: "acme", ID: "7"}
 	for _, a := range []accounts.Account{a42, a7} {
@@ -250,7 +250,7 @@ func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
 		wg.Go(func() { errs <- withdraw(i%instances, "42", http.StatusOK) })
 	}
 	for range 2 * waiters {
-		<-store.busy
+		<-store.Busy()
 	}
 	for range busy {
 		require.NoError(t, withdraw(instances, "42", http.StatusLocked))
@@ -276,25 +276,6 @@ func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
 		outcomes: map[string]int{"acquired": waiters + others, "busy": busy},
 		waited:   waiters,
 		label:    accounts.LockTemplate,
-		backend:  "e2e", // the spy's package
+		backend:  "locktest", // the spy's package
 	}
-}
-
-// spy wraps a store and reports busy answers to Acquire, so that the traffic knows when its
-// waiters are parked without sleeping. Make busy large enough for the answers counted.
-// Embedding *memstore.Store keeps its release notifications.
-type spy struct {
-	*memstore.Store
-	busy chan struct{} // one value per busy answer; buffered
-}
-
-func (s *spy) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
-	fence, err := s.Store.Acquire(ctx, name, token, ttl)
-	if errors.Is(err, guard.ErrNotAcquired) {
-		select {
-		case s.busy <- struct{}{}:
-		default: // once the waiters are parked, nobody counts any more
-		}
-	}
-	return fence, err
 }

@@ -5,8 +5,8 @@ package locktest
 
 import (
 	"context"
+	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,26 +123,26 @@ func (r *recorder) lastAcquisition(name string) (guard.Acquisition, bool) {
 	return guard.Acquisition{}, false
 }
 
-// spy wraps a backend and reports each busy answer to Acquire, so that a test knows its waiter
-// is parked without sleeping.
-type spy struct {
+// Spy is a backend that reports each busy answer to Acquire on Busy, so that a test knows its
+// waiter is parked without sleeping. It passes release notifications through when the
+// backend it wraps has them; otherwise its Subscribe fails, and a Guard waits without them.
+type Spy struct {
 	guard.Backend
-	busy chan struct{} // receives one value per busy answer; buffered
-	n    atomic.Int64  // Acquire calls
+	busy chan struct{}
 }
 
-func newSpy(b guard.Backend) guard.Backend {
-	s := &spy{Backend: b, busy: make(chan struct{}, 64)}
-	if n, ok := b.(guard.Notifier); ok {
-		return &notifyingSpy{spy: s, n: n}
-	}
-	return s
+// NewSpy wraps b; Busy buffers up to buffer answers and drops the ones beyond.
+func NewSpy(b guard.Backend, buffer int) *Spy {
+	return &Spy{Backend: b, busy: make(chan struct{}, buffer)}
 }
 
-func (s *spy) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
-	s.n.Add(1)
+// Busy receives one value per busy answer to Acquire.
+func (s *Spy) Busy() <-chan struct{} { return s.busy }
+
+// Acquire is the backend's Acquire, reporting busy answers.
+func (s *Spy) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
 	fence, err := s.Backend.Acquire(ctx, name, token, ttl)
-	if err != nil {
+	if errors.Is(err, guard.ErrNotAcquired) {
 		select {
 		case s.busy <- struct{}{}:
 		default:
@@ -151,22 +151,13 @@ func (s *spy) Acquire(ctx context.Context, name, token string, ttl time.Duration
 	return fence, err
 }
 
-// notifyingSpy is a spy that keeps its backend's release notifications.
-type notifyingSpy struct {
-	*spy
-	n guard.Notifier
-}
-
-func (s *notifyingSpy) Subscribe(released func(string)) (guard.Subscription, error) {
-	return s.n.Subscribe(released)
-}
-
-func spyOf(b guard.Backend) *spy {
-	switch s := b.(type) {
-	case *spy:
-		return s
-	case *notifyingSpy:
-		return s.spy
+// Subscribe is the backend's Subscribe, or an error when it has none.
+func (s *Spy) Subscribe(released func(string)) (guard.Subscription, error) {
+	n, ok := s.Backend.(guard.Notifier)
+	if !ok {
+		return nil, errNoNotifications
 	}
-	return nil
+	return n.Subscribe(released)
 }
+
+var errNoNotifications = errors.New("locktest: the backend has no release notifications")

@@ -289,7 +289,7 @@ func testWaiting(t *testing.T, h Harness) {
 	t.Run("WokenByReleaseSameGuard", func(t *testing.T) {
 		target := h.New(t)
 		rec := &recorder{}
-		sp := newSpy(target.Backend)
+		sp := NewSpy(target.Backend, 64)
 		g := guard.New(sp, guard.WithObserver(rec))
 		t.Cleanup(func() { _ = g.Close(context.Background()) })
 		testWake(t, g, g, sp, rec)
@@ -300,7 +300,7 @@ func testWaiting(t *testing.T, h Harness) {
 			t.Skip("this backend does not announce releases across processes; waiters re-try at expiry with backoff")
 		}
 		rec := &recorder{}
-		sp := newSpy(target.Backend)
+		sp := NewSpy(target.Backend, 64)
 		waiter := guard.New(sp, guard.WithObserver(rec))
 		t.Cleanup(func() { _ = waiter.Close(context.Background()) })
 		holder, _ := newGuard(t, h)
@@ -332,7 +332,7 @@ func testWaiting(t *testing.T, h Harness) {
 		require.NoError(t, err)
 
 		target := h.New(t)
-		sp := newSpy(target.Backend)
+		sp := NewSpy(target.Backend, 64)
 		waiter := guard.New(sp)
 		t.Cleanup(func() { _ = waiter.Close(context.Background()) })
 		ctx, cancel := context.WithCancel(t.Context())
@@ -373,12 +373,11 @@ func testWaiting(t *testing.T, h Harness) {
 
 // parked returns once the waiter behind sp has had the two busy answers that precede its sleep:
 // the first attempt and the one right after it started watching the name.
-func parked(t *testing.T, b guard.Backend) {
+func parked(t *testing.T, sp *Spy) {
 	t.Helper()
-	sp := spyOf(b)
 	for range 2 {
 		select {
-		case <-sp.busy:
+		case <-sp.Busy():
 		case <-time.After(10 * time.Second):
 			t.Fatal("the waiter never asked for the lock")
 		}
@@ -388,7 +387,7 @@ func parked(t *testing.T, b guard.Backend) {
 // testWake parks a waiter on waiter's Guard behind a lock held on holder's Guard with the
 // default 30 s watchdog lease, releases, and checks that a release notification — not the
 // lease running out, not polling — ended the wait.
-func testWake(t *testing.T, holder, waiter *guard.Guard, sp guard.Backend, rec *recorder) {
+func testWake(t *testing.T, holder, waiter *guard.Guard, sp *Spy, rec *recorder) {
 	name := uniqueName(t)
 	l, err := holder.Acquire(t.Context(), name)
 	require.NoError(t, err)
