@@ -151,10 +151,11 @@ func TestCheckLockOptions(t *testing.T) {
 	assert.Equal(t, "MinHold", oe.Option)
 }
 
-// events is an Observer that records the order of what it is told.
+// events is an Observer that records the order of what it is told, and signals renewals.
 type events struct {
-	mu  sync.Mutex // protects got
-	got []string
+	mu      sync.Mutex // protects got
+	got     []string
+	renewed chan struct{} // one value per renewal; buffered
 }
 
 func (e *events) add(s string) {
@@ -173,26 +174,29 @@ func (e *events) AcquireEnd(ctx context.Context, a *guard.Acquisition, _ *guard.
 	return ctx
 }
 
-func (e *events) LockEvent(_ *guard.Lock, ev guard.LockEvent) { e.add(ev.Kind.String()) }
+func (e *events) LockEvent(_ *guard.Lock, ev guard.LockEvent) {
+	e.add(ev.Kind.String())
+	if ev.Kind == guard.EventRenewed {
+		select {
+		case e.renewed <- struct{}{}:
+		default:
+		}
+	}
+}
 
 func TestObserverSeesLifecycle(t *testing.T) {
-	rec := &events{}
+	rec := &events{renewed: make(chan struct{}, 8)}
 	g := newGuard(t, memstore.New(), guard.WithObserver(rec), guard.WithWatchdogTimeout(300*time.Millisecond))
 	l, err := g.Acquire(t.Context(), "n")
 	require.NoError(t, err)
 	_, err = g.TryAcquire(context.Background(), "n")
 	require.ErrorIs(t, err, guard.ErrNotAcquired)
-	// Wait for two renewals by watching the deadline move.
-	d := l.Deadline()
 	for range 2 {
-		for !l.Deadline().After(d) {
-			select {
-			case <-l.Done():
-				t.Fatalf("lost: %v", l.Err())
-			case <-time.After(time.Millisecond):
-			}
+		select {
+		case <-rec.renewed:
+		case <-l.Done():
+			t.Fatalf("lost: %v", l.Err())
 		}
-		d = l.Deadline()
 	}
 	require.NoError(t, l.Release(t.Context()))
 	rec.mu.Lock()

@@ -199,7 +199,7 @@ func testLoss(t *testing.T, h Harness) {
 			t.Fatal("the holder's context outlived its lock after the server died")
 		}
 		require.ErrorIs(t, l.Err(), guard.ErrLockLost)
-		lost := rec.eventually(t, name, guard.EventLost)
+		lost := rec.eventsOf(name, guard.EventLost)
 		require.Len(t, lost, 1)
 		assert.True(t, lost[0].At.Before(expiryOf(deadline, killTTL)),
 			"lost at %v, after the lease could have ended (%v)", lost[0].At, expiryOf(deadline, killTTL))
@@ -221,20 +221,6 @@ func expiryOf(deadline time.Time, ttl time.Duration) time.Time {
 	return deadline.Add(watchdog.Drift(ttl))
 }
 
-// eventually returns the events of kind k for name once there is at least one: the Guard
-// reports an event right after it cancels the lock's context.
-func (r *recorder) eventually(t *testing.T, name string, k guard.EventKind) []guard.LockEvent {
-	t.Helper()
-	for range 1000 {
-		if evs := r.eventsOf(name, k); len(evs) > 0 {
-			return evs
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("no %v event for %q", k, name)
-	return nil
-}
-
 // testLeaseTime takes a lock with a fixed lease: its context ends with ErrLeaseExpired at its
 // deadline, and nothing is sent to the backend in between.
 func testLeaseTime(t *testing.T, h Harness) {
@@ -251,7 +237,7 @@ func testLeaseTime(t *testing.T, h Harness) {
 	deadline := l.Deadline()
 	<-l.Done()
 	require.ErrorIs(t, l.Err(), guard.ErrLeaseExpired)
-	expired := rec.eventually(t, name, guard.EventLeaseExpired)
+	expired := rec.eventsOf(name, guard.EventLeaseExpired)
 	require.Len(t, expired, 1)
 	assert.True(t, expired[0].At.Before(expiryOf(deadline, lease)),
 		"expired at %v, after the lease could have ended (%v)", expired[0].At, expiryOf(deadline, lease))
