@@ -337,17 +337,7 @@ func (g *Guard) isClosed() bool {
 // watchdog, and its place among the Guard's locks.
 func (g *Guard) hold(parent context.Context, l *Lock) error {
 	l.ctx, l.cancel = context.WithCancelCause(context.WithValue(parent, lockKey{}, l))
-	l.lease = &watchdog.Lease{
-		Name:  l.name,
-		Token: l.token,
-		OnRenewed: func(deadline time.Time) {
-			g.event(l, LockEvent{Kind: EventRenewed, Deadline: deadline})
-		},
-		OnFailed: func(err error) {
-			g.event(l, LockEvent{Kind: EventRenewFailed, Err: err, Deadline: l.Deadline()})
-		},
-		OnEnd: func(reason watchdog.EndReason, lastErr error) { l.end(reason, lastErr) },
-	}
+	l.lease = watchdog.Lease{Name: l.name, Token: l.token, Owner: (*leaseOwner)(l)}
 	if l.renewed {
 		l.lease.TTL = l.ttl
 	}
@@ -363,7 +353,7 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 		_ = g.release(context.WithoutCancel(parent), l, ErrClosed)
 		return ErrClosed
 	}
-	g.sched.Add(l.lease, l.start, l.ttl)
+	g.sched.Add(&l.lease, l.start, l.ttl)
 	return nil
 }
 
@@ -380,9 +370,7 @@ func (g *Guard) event(l *Lock, e LockEvent) {
 // release gives l back to the backend and ends its context with cause. The caller has marked
 // l released.
 func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
-	if l.lease != nil {
-		g.sched.Remove(l.lease)
-	}
+	g.sched.Remove(&l.lease)
 	lost := l.lossCause()
 	l.cancel(cause)
 	g.mu.Lock()

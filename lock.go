@@ -30,7 +30,7 @@ type Lock struct {
 	outer *Lock // for a reentrant handle: the lock it re-entered
 	prev  *Lock // the lock the acquiring context ran under, if any
 
-	lease  *watchdog.Lease
+	lease  watchdog.Lease // in the Guard's scheduler while held; unused by a reentrant handle
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	unlink func() bool // for a reentrant handle: stops following outer's context
@@ -95,7 +95,7 @@ func (l *Lock) Err() error {
 // renewal; Extend moves it for a LeaseTime lock.
 func (l *Lock) Deadline() time.Time {
 	r := l.root()
-	return r.g.sched.Deadline(r.lease)
+	return r.g.sched.Deadline(&r.lease)
 }
 
 // Extend sets the remaining lease of a lock taken with LeaseTime to d, measured from now. It
@@ -124,13 +124,13 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	}
 	switch {
 	case err == nil:
-		if !r.g.sched.SetDeadline(r.lease, start, d) {
+		if !r.g.sched.SetDeadline(&r.lease, start, d) {
 			return fmt.Errorf("guard: extend %q: %w", r.name, context.Cause(r.ctx))
 		}
 		r.g.event(r, LockEvent{Kind: EventExtended, Deadline: r.Deadline()})
 		return nil
 	case isNotHeld(err):
-		r.g.sched.Remove(r.lease)
+		r.g.sched.Remove(&r.lease)
 		cause := fmt.Errorf("%w: %q is no longer ours (found on extend)", ErrLockLost, r.name)
 		r.g.event(r, LockEvent{Kind: EventLost, Err: cause})
 		r.cancel(cause)
@@ -211,8 +211,25 @@ func (l *Lock) reenter(ctx context.Context) *Lock {
 	return h
 }
 
-// end is the watchdog's OnEnd: the lease ended without a release.
-func (l *Lock) end(reason watchdog.EndReason, lastErr error) {
+// leaseOwner is a Lock as the watchdog sees it: the owner of its lease. Its methods are the
+// watchdog's callbacks, kept off Lock's own method set.
+type leaseOwner Lock
+
+// Renewed reports a renewal to the observer.
+func (o *leaseOwner) Renewed(deadline time.Time) {
+	l := (*Lock)(o)
+	l.g.event(l, LockEvent{Kind: EventRenewed, Deadline: deadline})
+}
+
+// RenewFailed reports a failed renewal to the observer.
+func (o *leaseOwner) RenewFailed(err error) {
+	l := (*Lock)(o)
+	l.g.event(l, LockEvent{Kind: EventRenewFailed, Err: err, Deadline: l.Deadline()})
+}
+
+// Ended ends the lock: the lease ended without a release.
+func (o *leaseOwner) Ended(reason watchdog.EndReason, lastErr error) {
+	l := (*Lock)(o)
 	var cause error
 	kind := EventLost
 	switch {

@@ -56,23 +56,29 @@ const (
 	Lost
 )
 
-// Lease is one lock watched by a Scheduler. Fill the exported fields before Add; the
-// scheduler calls the callbacks from its own goroutine, never two at once, and never after
-// Remove has returned.
+// Owner is told what happens to a Lease. The scheduler calls it from its own goroutine,
+// never two calls at once, and never after Remove has returned; it must return quickly and
+// must not call Remove.
+type Owner interface {
+	// Renewed is called after each successful renewal with the new deadline.
+	Renewed(deadline time.Time)
+	// RenewFailed is called when a renewal failed for now; the scheduler tries again.
+	RenewFailed(err error)
+	// Ended is called once, when the lease ends on its own; lastErr is the last renewal
+	// failure, if any.
+	Ended(reason EndReason, lastErr error)
+}
+
+// Lease is one lock watched by a Scheduler. Fill the exported fields before Add. A Lease can
+// live inside its owner's own struct, so that watching a lock costs no allocation of its own.
 type Lease struct {
 	Name  string
 	Token string
 	// TTL is the lease that each renewal sets. Zero means the lease is not renewed, only
 	// watched until its deadline.
 	TTL time.Duration
-
-	// OnRenewed is called after each successful renewal with the new deadline.
-	OnRenewed func(deadline time.Time)
-	// OnFailed is called when a renewal fails for now; the scheduler tries again.
-	OnFailed func(err error)
-	// OnEnd is called once, when the lease ends on its own; lastErr is the last renewal
-	// failure, if any.
-	OnEnd func(reason EndReason, lastErr error)
+	// Owner hears about renewals, failures and the end of the lease; nil hears nothing.
+	Owner Owner
 
 	// Guarded by Scheduler.mu.
 	deadline time.Time
@@ -300,8 +306,8 @@ func (s *Scheduler) settle(r batchResult) []callback {
 			l.deadline = Deadline(r.start, l.TTL)
 			l.next = r.start.Add(l.TTL / 3)
 			l.lastErr = nil
-			if f, d := l.OnRenewed, l.deadline; f != nil {
-				cbs = append(cbs, callback{l, func() { f(d) }})
+			if o, d := l.Owner, l.deadline; o != nil {
+				cbs = append(cbs, callback{l, func() { o.Renewed(d) }})
 			}
 		case NotHeld:
 			cbs = append(cbs, s.end(l, Lost))
@@ -309,23 +315,23 @@ func (s *Scheduler) settle(r batchResult) []callback {
 			l.lastErr = err
 			// Try again soon, but not in a tight loop: a tenth of the TTL, at most a second.
 			l.next = now.Add(min(l.TTL/10, time.Second))
-			if f := l.OnFailed; f != nil {
-				cbs = append(cbs, callback{l, func() { f(err) }})
+			if o := l.Owner; o != nil {
+				cbs = append(cbs, callback{l, func() { o.RenewFailed(err) }})
 			}
 		}
 	}
 	return cbs
 }
 
-// end removes l and returns its OnEnd call. s.mu must be held.
+// end removes l and returns its Ended call. s.mu must be held.
 func (s *Scheduler) end(l *Lease, reason EndReason) callback {
 	delete(s.leases, l)
 	l.removed = true
-	f, err := l.OnEnd, l.lastErr
-	if f == nil {
+	o, err := l.Owner, l.lastErr
+	if o == nil {
 		return callback{}
 	}
-	return callback{l, func() { f(reason, err) }}
+	return callback{l, func() { o.Ended(reason, err) }}
 }
 
 // run makes the callbacks, one at a time, under cbMu.

@@ -63,7 +63,7 @@ func (f *fakeBackend) snapshot() []call {
 	return append([]call(nil), f.calls...)
 }
 
-// ends collects OnEnd calls.
+// ends collects the Ended calls of the leases it makes.
 type ends struct {
 	mu  sync.Mutex // protects got
 	got []end
@@ -77,12 +77,33 @@ type end struct {
 }
 
 func (e *ends) lease(name string, ttl time.Duration) *Lease {
-	return &Lease{Name: name, Token: "t-" + name, TTL: ttl, OnEnd: func(r EndReason, err error) {
+	return &Lease{Name: name, Token: "t-" + name, TTL: ttl, Owner: &owner{ended: func(r EndReason, err error) {
 		e.mu.Lock()
 		e.got = append(e.got, end{name, time.Now(), r, err})
 		e.mu.Unlock()
-	}}
+	}}}
 }
+
+// owner is an Owner made of optional functions.
+type owner struct {
+	renewed func(time.Time)
+	failed  func(error)
+	ended   func(EndReason, error)
+}
+
+func (o *owner) Renewed(d time.Time) {
+	if o.renewed != nil {
+		o.renewed(d)
+	}
+}
+
+func (o *owner) RenewFailed(err error) {
+	if o.failed != nil {
+		o.failed(err)
+	}
+}
+
+func (o *owner) Ended(r EndReason, err error) { o.ended(r, err) }
 
 func (e *ends) all() []end {
 	e.mu.Lock()
@@ -186,8 +207,8 @@ func TestRetriesTransientFailures(t *testing.T) {
 		var e ends
 		var failures, renewals atomic.Int32
 		l := e.lease("a", ttl)
-		l.OnFailed = func(error) { failures.Add(1) }
-		l.OnRenewed = func(time.Time) { renewals.Add(1) }
+		l.Owner.(*owner).failed = func(error) { failures.Add(1) }
+		l.Owner.(*owner).renewed = func(time.Time) { renewals.Add(1) }
 		start := time.Now()
 		s.Add(l, start, ttl)
 		time.Sleep(ttl/3 + 3*ttl/10 + time.Millisecond)
@@ -254,7 +275,7 @@ func TestRemoveStopsCallbacks(t *testing.T) {
 		var e ends
 		var renewed atomic.Int32
 		l := e.lease("a", ttl)
-		l.OnRenewed = func(time.Time) { renewed.Add(1) }
+		l.Owner.(*owner).renewed = func(time.Time) { renewed.Add(1) }
 		s.Add(l, time.Now(), ttl)
 		time.Sleep(ttl/3 + time.Millisecond)
 		require.EqualValues(t, 1, renewed.Load())
