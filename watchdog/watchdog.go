@@ -93,14 +93,18 @@ type Lease struct {
 type Scheduler struct {
 	renew RenewFunc
 
-	mu     sync.Mutex // protects leases and the fields of every Lease in it, and batch
+	mu     sync.Mutex // protects leases and the fields of every Lease in it, batch and wakeAt
 	leases map[*Lease]struct{}
-	batch  bool // a renewal batch is in flight
+	batch  bool      // a renewal batch is in flight
+	wakeAt time.Time // when timer fires; zero when it is stopped
+
+	// timer wakes the loop when the next lease is due. Add arms it directly, under mu, so
+	// that taking a lock never wakes the loop's goroutine.
+	timer *time.Timer
 
 	// cbMu is held while callbacks run, so that Remove can wait for a callback in progress.
 	cbMu sync.Mutex
 
-	wake    chan struct{} // nudges the loop after Add or SetDeadline; buffered
 	results chan batchResult
 	stop    context.CancelFunc
 	done    chan struct{}
@@ -119,11 +123,12 @@ func New(renew RenewFunc) *Scheduler {
 	s := &Scheduler{
 		renew:   renew,
 		leases:  make(map[*Lease]struct{}),
-		wake:    make(chan struct{}, 1),
+		timer:   time.NewTimer(time.Hour),
 		results: make(chan batchResult, 1),
 		stop:    cancel,
 		done:    make(chan struct{}),
 	}
+	s.timer.Stop()
 	go s.loop(ctx)
 	return s
 }
@@ -136,8 +141,12 @@ func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 		l.next = start.Add(l.TTL / 3)
 	}
 	s.leases[l] = struct{}{}
+	if l.TTL > 0 && l.next.Before(l.deadline) {
+		s.arm(l.next)
+	} else {
+		s.arm(l.deadline)
+	}
 	s.mu.Unlock()
-	s.nudge()
 }
 
 // SetDeadline moves the deadline of a watched lease after the caller extended it by a request
@@ -147,9 +156,9 @@ func (s *Scheduler) SetDeadline(l *Lease, start time.Time, ttl time.Duration) bo
 	_, ok := s.leases[l]
 	if ok {
 		l.deadline = Deadline(start, ttl)
+		s.arm(l.deadline)
 	}
 	s.mu.Unlock()
-	s.nudge()
 	return ok
 }
 
@@ -185,10 +194,11 @@ func (s *Scheduler) Close() {
 	<-s.done
 }
 
-func (s *Scheduler) nudge() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
+// arm makes the timer fire by t, unless it already fires sooner. s.mu must be held.
+func (s *Scheduler) arm(t time.Time) {
+	if s.wakeAt.IsZero() || t.Before(s.wakeAt) {
+		s.wakeAt = t
+		s.timer.Reset(time.Until(t))
 	}
 }
 
@@ -202,20 +212,13 @@ func (s *Scheduler) loop(ctx context.Context) {
 	defer close(s.done)
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	defer s.timer.Stop()
 	for {
-		next, cbs := s.step(ctx, &inflight)
-		s.run(cbs)
-		if next.IsZero() {
-			next = time.Now().Add(time.Hour)
-		}
-		timer.Reset(time.Until(next))
+		s.run(s.step(ctx, &inflight))
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.wake:
-		case <-timer.C:
+		case <-s.timer.C:
 		case r := <-s.results:
 			s.run(s.settle(r))
 		}
@@ -223,8 +226,8 @@ func (s *Scheduler) loop(ctx context.Context) {
 }
 
 // step ends the leases past their deadline, starts a renewal batch when one is due, and
-// returns when the loop must look again.
-func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) (time.Time, []callback) {
+// arms the timer for when the loop must look again.
+func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callback {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -279,7 +282,13 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) (time.Ti
 			earlier(l.next)
 		}
 	}
-	return next, cbs
+	s.wakeAt = next
+	if next.IsZero() {
+		s.timer.Stop()
+	} else {
+		s.timer.Reset(time.Until(next))
+	}
+	return cbs
 }
 
 // settle applies the answers of a renewal batch.
