@@ -25,24 +25,26 @@ type Guard struct {
 	obs         Observer // nil: no telemetry
 	watchdogTTL time.Duration
 	sched       *watchdog.Scheduler
-	closing     chan struct{} // closed by Close: ends waits
+	// life ends when Close begins: it ends waits and the Watch calls in flight.
+	life    context.Context
+	endLife context.CancelFunc
 
 	mu     sync.Mutex // protects held and closed
 	held   map[*Lock]struct{}
 	closed bool
 
-	wmu     sync.Mutex // protects waiters; never held while calling out
+	wmu     sync.Mutex // protects waiters and the n and gone fields of each; never held while calling out
 	waiters map[string]*waitList
 
-	// watchMu serialises Subscribe, Watch, Unwatch and Close on the subscription, so that an
-	// Unwatch of a name is always sent before a later Watch of the same name. It protects sub
-	// and subDone.
-	watchMu sync.Mutex
+	subMu   sync.Mutex // protects sub and subDone; held to open or close the subscription, never during a Watch
 	sub     Subscription
 	subDone bool
 }
 
-// waitList is the set of callers of one Guard waiting for one name.
+// waitList is the set of callers of one Guard waiting for one name. The first waiter asks the
+// subscription to watch the name; the last one to leave unwatches it. A list stays in the map
+// while it is being unwatched (gone is then set), so that a new first waiter's Watch is always
+// sent after the old Unwatch.
 type waitList struct {
 	n  int           // waiters registered
 	ch chan struct{} // closed, and replaced, when the name is released
@@ -50,6 +52,7 @@ type waitList struct {
 	// succeeded (release notifications will arrive) and is read only after ready.
 	ready   chan struct{}
 	watched bool
+	gone    chan struct{} // non-nil once the last waiter left; closed when Unwatch was sent
 }
 
 // New returns a Guard on backend. It panics if an option is invalid: that is a programming
@@ -71,10 +74,10 @@ func New(backend Backend, opts ...Option) *Guard {
 		backend:     backend,
 		obs:         s.observer,
 		watchdogTTL: s.watchdogTimeout,
-		closing:     make(chan struct{}),
 		held:        make(map[*Lock]struct{}),
 		waiters:     make(map[string]*waitList),
 	}
+	g.life, g.endLife = context.WithCancel(context.Background())
 	g.notifier, _ = backend.(Notifier)
 	g.backendName = packageName(backend)
 	g.sched = watchdog.New(g.renew)
@@ -138,7 +141,7 @@ func (g *Guard) Close(ctx context.Context) error {
 		return nil
 	}
 	g.closed = true
-	close(g.closing)
+	g.endLife()
 	locks := make([]*Lock, 0, len(g.held))
 	for l := range g.held {
 		locks = append(locks, l)
@@ -156,15 +159,15 @@ func (g *Guard) Close(ctx context.Context) error {
 		}
 	}
 	g.sched.Close()
-	g.watchMu.Lock()
-	g.subDone = true
-	if g.sub != nil {
-		if err := g.sub.Close(); err != nil {
+	g.subMu.Lock()
+	sub := g.sub
+	g.sub, g.subDone = nil, true
+	g.subMu.Unlock()
+	if sub != nil {
+		if err := sub.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("guard: close subscription: %w", err))
 		}
-		g.sub = nil
 	}
-	g.watchMu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -177,6 +180,9 @@ func (g *Guard) acquire(ctx context.Context, name string, defaultWait time.Durat
 		return nil, err
 	}
 	if outer := g.heldIn(ctx, name); outer != nil {
+		if ctx.Err() != nil {
+			return nil, canceled(name, ctx)
+		}
 		return outer.reenter(ctx), nil
 	}
 	if g.isClosed() {
@@ -291,7 +297,7 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 			a.Wakeups++
 		case <-t.C:
 		case <-ctx.Done():
-		case <-g.closing:
+		case <-g.life.Done():
 			t.Stop()
 			a.Outcome = OutcomeError
 			return nil, ErrClosed
@@ -344,7 +350,9 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 	g.mu.Lock()
 	closed := g.closed
 	if !closed {
+		// Under g.mu, so that Close either sees the lock held and watched, or not at all.
 		g.held[l] = struct{}{}
+		g.sched.Add(&l.lease, l.start, l.ttl)
 	}
 	g.mu.Unlock()
 	if closed {
@@ -353,7 +361,6 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 		_ = g.release(context.WithoutCancel(parent), l, ErrClosed)
 		return ErrClosed
 	}
-	g.sched.Add(&l.lease, l.start, l.ttl)
 	return nil
 }
 
@@ -440,66 +447,97 @@ func (g *Guard) heldIn(ctx context.Context, name string) *Lock {
 
 // register adds a waiter for name and makes sure the Guard's subscription watches it.
 func (g *Guard) register(ctx context.Context, name string) (*waitList, error) {
-	g.wmu.Lock()
-	wl := g.waiters[name]
-	first := wl == nil
-	if first {
-		wl = &waitList{ch: make(chan struct{}), ready: make(chan struct{})}
-		g.waiters[name] = wl
-	}
-	wl.n++
-	g.wmu.Unlock()
+	for {
+		g.wmu.Lock()
+		wl := g.waiters[name]
+		if wl != nil && wl.gone != nil {
+			// The last waiter is unwatching the name: watch it again only after that.
+			gone := wl.gone
+			g.wmu.Unlock()
+			select {
+			case <-gone:
+				continue
+			case <-ctx.Done():
+				return nil, canceled(name, ctx)
+			case <-g.life.Done():
+				return nil, ErrClosed
+			}
+		}
+		first := wl == nil
+		if first {
+			wl = &waitList{ch: make(chan struct{}), ready: make(chan struct{})}
+			g.waiters[name] = wl
+		}
+		wl.n++
+		g.wmu.Unlock()
 
-	if first {
-		wl.watched = g.watch(ctx, name)
-		close(wl.ready)
-		return wl, nil
-	}
-	select {
-	case <-wl.ready:
-		return wl, nil
-	case <-ctx.Done():
-		g.unregister(name)
-		return nil, canceled(name, ctx)
+		if first {
+			wl.watched = g.watch(ctx, name)
+			close(wl.ready)
+			return wl, nil
+		}
+		select {
+		case <-wl.ready:
+			return wl, nil
+		case <-ctx.Done():
+			g.unregister(name)
+			return nil, canceled(name, ctx)
+		case <-g.life.Done():
+			g.unregister(name)
+			return nil, ErrClosed
+		}
 	}
 }
 
-// watch asks the backend to report releases of name; it reports whether it will.
+// watch asks the backend to report releases of name; it reports whether it will. It gives up
+// when ctx ends or the Guard closes.
 func (g *Guard) watch(ctx context.Context, name string) bool {
 	if g.notifier == nil {
 		return false
 	}
-	g.watchMu.Lock()
-	defer g.watchMu.Unlock()
-	if g.subDone {
+	g.subMu.Lock()
+	if g.sub == nil && !g.subDone {
+		if sub, err := g.notifier.Subscribe(g.wake); err == nil {
+			g.sub = sub
+		}
+	}
+	sub := g.sub
+	g.subMu.Unlock()
+	if sub == nil {
 		return false
 	}
-	if g.sub == nil {
-		sub, err := g.notifier.Subscribe(g.wake)
-		if err != nil {
-			return false
-		}
-		g.sub = sub
-	}
-	return g.sub.Watch(ctx, name) == nil
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(g.life, cancel)
+	defer stop()
+	return sub.Watch(ctx, name) == nil
 }
 
+// unregister removes a waiter for name; the last one unwatches the name.
 func (g *Guard) unregister(name string) {
-	g.watchMu.Lock()
-	defer g.watchMu.Unlock()
 	g.wmu.Lock()
 	wl := g.waiters[name]
-	last := false
-	if wl != nil {
-		wl.n--
-		if last = wl.n == 0; last {
-			delete(g.waiters, name)
+	wl.n--
+	if wl.n > 0 {
+		g.wmu.Unlock()
+		return
+	}
+	// The last waiter: the first one's Watch has returned (it is counted until then).
+	wl.gone = make(chan struct{})
+	g.wmu.Unlock()
+
+	if wl.watched {
+		g.subMu.Lock()
+		sub := g.sub
+		g.subMu.Unlock()
+		if sub != nil {
+			sub.Unwatch(name)
 		}
 	}
+	g.wmu.Lock()
+	delete(g.waiters, name)
 	g.wmu.Unlock()
-	if last && wl.watched && g.sub != nil {
-		g.sub.Unwatch(name)
-	}
+	close(wl.gone)
 }
 
 // waitChan returns the channel that the next release of name closes.

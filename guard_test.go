@@ -203,3 +203,101 @@ func TestObserverSeesLifecycle(t *testing.T) {
 	defer rec.mu.Unlock()
 	assert.Equal(t, []string{"start n memstore", "end acquired", "start n memstore", "end busy", "renewed", "renewed", "released"}, rec.got)
 }
+
+// hungWatch is a backend whose release notifications never confirm a watch: a subscription
+// whose server stopped answering. Its Watch honours its context, as the real ones do.
+type hungWatch struct {
+	*memstore.Store
+	watching chan string // receives the name of each Watch as it starts
+}
+
+func (h hungWatch) Subscribe(func(string)) (guard.Subscription, error) { return h, nil }
+
+func (h hungWatch) Watch(ctx context.Context, name string) error {
+	h.watching <- name
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (hungWatch) Unwatch(string) {}
+func (hungWatch) Close() error   { return nil }
+
+// TestHungWatchBlocksNothingElse: one waiter stuck in a Watch must not hold up another
+// waiter's cancellation, nor Close.
+func TestHungWatchBlocksNothingElse(t *testing.T) {
+	store := memstore.New()
+	holder := newGuard(t, store)
+	for _, name := range []string{"a", "b"} {
+		l, err := holder.Acquire(t.Context(), name)
+		require.NoError(t, err)
+		defer l.Release(context.Background())
+	}
+	hw := hungWatch{Store: store, watching: make(chan string, 4)}
+	g := guard.New(hw)
+
+	stuck := make(chan error, 1)
+	go func() {
+		_, err := g.Acquire(context.Background(), "a")
+		stuck <- err
+	}()
+	require.Equal(t, "a", <-hw.watching)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Acquire(ctx, "b")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, guard.ErrNotAcquired)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiter's cancelled context did not end its wait while another Watch hung")
+	}
+
+	closed := make(chan error, 1)
+	go func() { closed <- g.Close(context.Background()) }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung behind a Watch")
+	}
+	require.ErrorIs(t, <-stuck, guard.ErrClosed)
+}
+
+func TestReentryWithCancelledContext(t *testing.T) {
+	g := newGuard(t, memstore.New())
+	outer, err := g.Acquire(t.Context(), "n")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(outer.Context())
+	cancel()
+	_, err = g.Acquire(ctx, "n")
+	require.ErrorIs(t, err, guard.ErrNotAcquired)
+	require.ErrorIs(t, err, context.Canceled)
+	ran := false
+	err = g.Do(ctx, "n", func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, context.Canceled)
+	assert.False(t, ran, "Do ran its function under a cancelled context")
+	require.NoError(t, outer.Release(t.Context()))
+}
+
+func TestExtendAfterCallerCancelled(t *testing.T) {
+	store := memstore.New()
+	g, other := newGuard(t, store), newGuard(t, store)
+	ctx, cancel := context.WithCancel(t.Context())
+	l, err := g.Acquire(ctx, "n", guard.LeaseTime(time.Second))
+	require.NoError(t, err)
+	cancel()
+	<-l.Done()
+	require.ErrorIs(t, l.Err(), context.Canceled)
+
+	// The caller is gone, but the lock is still held: it can be extended and released.
+	require.NoError(t, l.Extend(t.Context(), time.Minute))
+	_, err = other.TryAcquire(t.Context(), "n")
+	require.ErrorIs(t, err, guard.ErrNotAcquired)
+	require.NoError(t, l.Release(t.Context()))
+	require.ErrorIs(t, l.Extend(t.Context(), time.Minute), guard.ErrNotHeld)
+}

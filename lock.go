@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -100,9 +101,11 @@ func (l *Lock) Deadline() time.Time {
 
 // Extend sets the remaining lease of a lock taken with LeaseTime to d, measured from now. It
 // returns an *OptionError for a lock held by the watchdog (it needs no extending) or for
-// d < 10 ms, an error matching ErrNotHeld when the lock is no longer ours (its context then
-// ends with ErrLockLost), the cause when the lock's context already ended, or the backend's
-// error, wrapped.
+// d < 10 ms; an error matching ErrNotHeld when the lock is no longer ours — after Release, or
+// when its lease already ended (then it matches the cause too, ErrLeaseExpired or
+// ErrLockLost), or when the backend says so (its context then ends with ErrLockLost); or the
+// backend's error, wrapped. A lock whose context ended only
+// because the context it was acquired with did can still be extended.
 func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	r := l.root()
 	if r.renewed {
@@ -111,7 +114,12 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	if d < minTTL {
 		return &OptionError{Option: "Extend", Value: d, Reason: "must be at least 10ms"}
 	}
-	if r.ctx.Err() != nil {
+	// The lock's context also ends with the caller's; what matters here is whether the lock
+	// itself is still ours.
+	if cause := r.lossCause(); cause != nil {
+		return fmt.Errorf("guard: extend %q: %w (%w)", r.name, ErrNotHeld, cause)
+	}
+	if r.isReleased() {
 		return fmt.Errorf("guard: extend %q: %w", r.name, ErrNotHeld)
 	}
 	start := time.Now()
@@ -125,7 +133,9 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	switch {
 	case err == nil:
 		if !r.g.sched.SetDeadline(&r.lease, start, d) {
-			return fmt.Errorf("guard: extend %q: %w", r.name, context.Cause(r.ctx))
+			// The deadline passed, or the lock was released, while the request was out: the
+			// lock is not to be trusted any more, whatever the backend did.
+			return fmt.Errorf("guard: extend %q: %w (%w)", r.name, ErrNotHeld, cmp.Or(r.lossCause(), error(ErrLeaseExpired)))
 		}
 		r.g.event(r, LockEvent{Kind: EventExtended, Deadline: r.Deadline()})
 		return nil
@@ -166,6 +176,12 @@ func (l *Lock) releaseDetached(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.root().ttl)
 	defer cancel()
 	return l.Release(rctx)
+}
+
+func (l *Lock) isReleased() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.released
 }
 
 func (l *Lock) markReleased() bool {

@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,6 +45,11 @@ func testMutualExclusion(t *testing.T, h Harness) {
 					err := g.Do(ctx, name, func(ctx context.Context) error {
 						if !inside.CompareAndSwap(0, 1) {
 							overlaps.Add(1)
+						}
+						// Stay inside a while, giving every other goroutine the chance to
+						// come in too if exclusion were broken.
+						for range 3 {
+							runtime.Gosched()
 						}
 						l, _ := guard.FromContext(ctx)
 						if prev := lastFence.Swap(l.Fence()); l.Fence() <= prev {
@@ -516,7 +522,8 @@ func testErrors(t *testing.T, h Harness) {
 func testClose(t *testing.T, h Harness) {
 	name := uniqueName(t)
 	target := h.New(t)
-	g := guard.New(target.Backend)
+	sp := NewSpy(target.Backend, 64)
+	g := guard.New(sp)
 	other, _ := newGuard(t, h)
 	l, err := g.Acquire(t.Context(), name)
 	require.NoError(t, err)
@@ -529,6 +536,7 @@ func testClose(t *testing.T, h Harness) {
 		_, err := g.Acquire(t.Context(), name+":held")
 		waitErr <- err
 	}()
+	parked(t, sp) // the waiter is waiting, not just about to start
 	require.NoError(t, g.Close(t.Context()))
 	require.ErrorIs(t, l.Err(), guard.ErrClosed)
 	select {
