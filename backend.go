@@ -39,15 +39,16 @@ type Backend interface {
 
 // Lease names one held lock to extend.
 type Lease struct {
-	Name  string
-	Token string
-	TTL   time.Duration
+	Name  string        // the lock name
+	Token string        // the owner token the lock must still hold
+	TTL   time.Duration // the new lease, from now
 }
 
 // Notifier is implemented by backends that can tell waiters, in this process and others,
 // that a name was released. A Guard opens one Subscription the first time one of its
 // callers waits, shares it between all its waiters, and closes it in Close. Backends without
-// it are still correct: waiters then re-try at the holder's expiry, with a jittered backoff.
+// it are still correct: waiters then re-try with a jittered backoff (10 ms doubling up to 1 s),
+// never later than the holder's expiry.
 type Notifier interface {
 	// Subscribe opens a subscription that calls released with the name of each watched lock
 	// that is released. released must not block; it may be called from any goroutine.

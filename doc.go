@@ -35,7 +35,8 @@
 // Acquire waits until its context is done; WaitTime bounds the wait; TryAcquire makes one
 // attempt. Waiters are woken by release notifications (a backend that implements Notifier) and
 // by releases on the same Guard, and re-try when the holder's lease would run out, so a crashed
-// holder never strands them. MinHold keeps a name locked for a minimum window after release.
+// holder never strands them; on a backend without notifications they re-try with a jittered
+// backoff of at most a second. MinHold keeps a name locked for a minimum window after release.
 // Code that runs under a Lock and asks the same Guard for the same name with that context
 // re-enters the lock instead of waiting for itself.
 //

@@ -43,6 +43,7 @@ type BusyError struct {
 	Remaining time.Duration
 }
 
+// Error describes the busy lock.
 func (e *BusyError) Error() string {
 	if e.Remaining > 0 {
 		return fmt.Sprintf("guard: lock %q is held (for %v more)", e.Name, e.Remaining)
@@ -55,10 +56,11 @@ func (e *BusyError) Is(target error) bool { return target == ErrNotAcquired }
 
 // NameError reports a lock name that cannot be used. It matches ErrInvalidName.
 type NameError struct {
-	Name   string
-	Reason string
+	Name   string // the name, or the template it was to be rendered from
+	Reason string // what is wrong with it
 }
 
+// Error describes the bad name.
 func (e *NameError) Error() string {
 	return fmt.Sprintf("guard: invalid lock name %.64q: %s", e.Name, e.Reason)
 }
@@ -68,11 +70,12 @@ func (e *NameError) Is(target error) bool { return target == ErrInvalidName }
 
 // OptionError reports an option value that cannot be used. It matches ErrInvalidOption.
 type OptionError struct {
-	Option string
-	Value  any
-	Reason string
+	Option string // the option's name, such as "LeaseTime"
+	Value  any    // the value it was given
+	Reason string // what is wrong with it
 }
 
+// Error describes the bad option.
 func (e *OptionError) Error() string {
 	return fmt.Sprintf("guard: invalid option %s(%v): %s", e.Option, e.Value, e.Reason)
 }

@@ -65,8 +65,8 @@ func (o Outcome) String() string {
 
 // LockEvent is something that happened to a held lock.
 type LockEvent struct {
-	Kind EventKind
-	At   time.Time
+	Kind EventKind // what happened
+	At   time.Time // when
 	// Deadline is the lock's local validity deadline after the event.
 	Deadline time.Time
 	// Err is the renewal failure, the cause of loss or lease end, or the release's error.

@@ -130,7 +130,7 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 }
 
 func notHeld(name string) error {
-	return fmt.Errorf("memstore: %q: %w", name, guard.ErrNotHeld)
+	return fmt.Errorf("guard/memstore: %q: %w", name, guard.ErrNotHeld)
 }
 
 // Subscribe opens a subscription to releases of the names it watches.

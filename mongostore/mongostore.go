@@ -132,7 +132,7 @@ func New(coll *mongo.Collection, opts ...Option) *Store {
 func (s *Store) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
 	now, err := s.clock.now(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("mongostore: acquire %q: %w", name, err)
+		return 0, fmt.Errorf("guard/mongostore: acquire %q: %w", name, err)
 	}
 	filter := bson.D{
 		{Key: fieldID, Value: name},
@@ -165,7 +165,7 @@ func (s *Store) Acquire(ctx context.Context, name, token string, ttl time.Durati
 	case mongo.IsDuplicateKeyError(err):
 		return 0, &guard.BusyError{Name: name}
 	default:
-		return 0, fmt.Errorf("mongostore: acquire %q: %w", name, err)
+		return 0, fmt.Errorf("guard/mongostore: acquire %q: %w", name, err)
 	}
 }
 
@@ -185,7 +185,7 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 	fail := func(err error) []error {
 		for i, l := range leases {
 			if errs[i] == nil {
-				errs[i] = fmt.Errorf("mongostore: extend %q: %w", l.Name, err)
+				errs[i] = fmt.Errorf("guard/mongostore: extend %q: %w", l.Name, err)
 			}
 		}
 		return errs
@@ -220,7 +220,7 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 		}
 		for _, we := range bwe.WriteErrors {
 			if we.Index >= 0 && we.Index < len(errs) && errs[we.Index] == nil {
-				errs[we.Index] = fmt.Errorf("mongostore: extend %q: %w", leases[we.Index].Name, we)
+				errs[we.Index] = fmt.Errorf("guard/mongostore: extend %q: %w", leases[we.Index].Name, we)
 				failed++
 			}
 		}
@@ -262,7 +262,7 @@ func (s *Store) resolveExtend(ctx context.Context, leases []guard.Lease, expires
 	if err != nil {
 		for i, l := range leases {
 			if errs[i] == nil {
-				errs[i] = fmt.Errorf("mongostore: extend %q: reading the outcome: %w", l.Name, err)
+				errs[i] = fmt.Errorf("guard/mongostore: extend %q: reading the outcome: %w", l.Name, err)
 			}
 		}
 		return errs
@@ -293,7 +293,7 @@ func (s *Store) resolveExtend(ctx context.Context, leases []guard.Lease, expires
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
 	now, err := s.clock.now(ctx)
 	if err != nil {
-		return fmt.Errorf("mongostore: release %q: %w", name, err)
+		return fmt.Errorf("guard/mongostore: release %q: %w", name, err)
 	}
 	filter := bson.D{
 		{Key: fieldID, Value: name},
@@ -306,7 +306,7 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 	}
 	res, err := s.coll.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}})
 	if err != nil {
-		return fmt.Errorf("mongostore: release %q: %w", name, err)
+		return fmt.Errorf("guard/mongostore: release %q: %w", name, err)
 	}
 	if res.MatchedCount == 0 {
 		return notHeld(name)
@@ -339,7 +339,7 @@ type lockDoc struct {
 }
 
 func notHeld(name string) error {
-	return fmt.Errorf("mongostore: %q: %w", name, guard.ErrNotHeld)
+	return fmt.Errorf("guard/mongostore: %q: %w", name, guard.ErrNotHeld)
 }
 
 // expiry returns now+d rounded up to the millisecond, the resolution of a BSON date: a lease

@@ -75,7 +75,8 @@ func (b Backend) Open(ctx context.Context) (backend guard.Backend, description s
 }
 
 func openRedis(ctx context.Context, addr string) (guard.Backend, string, func(context.Context) error, error) {
-	client := redis.NewClient(&redis.Options{Addr: addr})
+	// ContextTimeoutEnabled: acquire and release honour their context on a hung connection.
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
