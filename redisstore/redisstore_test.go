@@ -158,6 +158,17 @@ func bookkeeping(cmd redis.Cmder) bool {
 // admin returns a client of d for the test's own looks at the keys.
 func (d *deployment) admin(t testing.TB) redis.UniversalClient { return d.client(t) }
 
+// subscribe opens a subscription on s, closed when the test ends, and returns it with the
+// channel its release notifications arrive on.
+func subscribe(t *testing.T, s *Store) (guard.Subscription, <-chan string) {
+	t.Helper()
+	got := make(chan string, 16)
+	sub, err := s.Subscribe(func(n string) { got <- n })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub, got
+}
+
 // uniqueName returns a lock name that no other test uses.
 func uniqueName(t testing.TB, suffix string) string {
 	return "test:" + t.Name() + ":" + suffix
@@ -439,10 +450,7 @@ func testMinHoldKeep(t *testing.T, d *deployment) {
 	adm := d.admin(t)
 	names := sameSlot(uniqueName(t, ""), "kept", "freed")
 	kept, freed := names[0], names[1]
-	got := make(chan string, 16)
-	sub, err := b.Subscribe(func(n string) { got <- n })
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	sub, got := subscribe(t, b)
 	for _, n := range names {
 		_, err := s.Acquire(ctx, n, "token", time.Minute)
 		require.NoError(t, err)
@@ -602,10 +610,7 @@ func testNames(t *testing.T, d *deployment) {
 	ctx := t.Context()
 	s, _ := d.counted(t)
 	adm := d.admin(t)
-	got := make(chan string, 16)
-	sub, err := s.Subscribe(func(n string) { got <- n })
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	sub, got := subscribe(t, s)
 
 	names := []string{
 		"}", "}x", "}}", "a}b", "{x}", "{}", "{", "x{", "}{", "{{}}", "a:fence",
@@ -758,10 +763,7 @@ func testResubscribe(t *testing.T, d *deployment) {
 	ctx := t.Context()
 	holder, _ := d.counted(t)
 	w, _ := d.counted(t)
-	got := make(chan string, 16)
-	sub, err := w.Subscribe(func(n string) { got <- n })
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	sub, got := subscribe(t, w)
 	name := uniqueName(t, "x")
 	require.NoError(t, sub.Watch(ctx, name))
 
@@ -776,7 +778,7 @@ func testResubscribe(t *testing.T, d *deployment) {
 	require.Eventually(t, func() bool { return subscribers() == 1 }, notifyWait, 10*time.Millisecond,
 		"go-redis did not subscribe again")
 
-	_, err = holder.Acquire(ctx, name, "tok", time.Minute)
+	_, err := holder.Acquire(ctx, name, "tok", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, holder.Release(ctx, name, "tok", 0))
 	select {
@@ -823,10 +825,7 @@ func testHealthCheck(t *testing.T, d *deployment) {
 	holder, _ := d.counted(t)
 	w, _ := d.counted(t)
 	w.idleCheck, w.pongTimeout = 20*time.Millisecond, 200*time.Millisecond
-	got := make(chan string, 16)
-	sub, err := w.Subscribe(func(n string) { got <- n })
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	sub, got := subscribe(t, w)
 	name := uniqueName(t, "x")
 	require.NoError(t, sub.Watch(ctx, name))
 
@@ -848,7 +847,7 @@ func testHealthCheck(t *testing.T, d *deployment) {
 		return len(c) == 1 && clientField(c[0], "id") != id && clientField(c[0], "sub") == "1"
 	}, notifyWait, 10*time.Millisecond, "no new connection after the server stopped answering")
 
-	_, err = holder.Acquire(ctx, name, "tok", time.Minute)
+	_, err := holder.Acquire(ctx, name, "tok", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, holder.Release(ctx, name, "tok", 0))
 	select {
