@@ -7,6 +7,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,7 +34,7 @@ type Guard struct {
 	held   map[*Lock]struct{}
 	closed bool
 
-	wmu     sync.Mutex // protects waiters and the n and gone fields of each; never held while calling out
+	wmu     sync.Mutex // protects waiters and the n, queue and gone fields of each; never held while calling out
 	waiters map[string]*waitList
 
 	subMu   sync.Mutex // protects sub and subDone; held to open or close the subscription, never during a Watch
@@ -45,9 +46,13 @@ type Guard struct {
 // subscription to watch the name; the last one to leave unwatches it. A list stays in the map
 // while it is being unwatched (gone is then set), so that a new first waiter's Watch is always
 // sent after the old Unwatch.
+//
+// A release wakes one waiter, the one queued longest, not all of them: only one can win, and
+// the others would each spend a round trip to learn that. A waiter that is woken but leaves
+// without the lock passes the wake-up on.
 type waitList struct {
-	n  int           // waiters registered
-	ch chan struct{} // closed, and replaced, when the name is released
+	n     int             // waiters registered
+	queue []chan struct{} // the waiters' wake-up channels, oldest first
 	// ready is closed once the first waiter's Watch has returned; watched tells whether it
 	// succeeded (release notifications will arrive) and is read only after ready.
 	ready   chan struct{}
@@ -220,13 +225,21 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 	}
 	var (
 		wl      *waitList
-		wake    <-chan struct{}
+		sig     chan struct{} // a release hands us its wake-up here; one at most
+		woken   bool          // we took a wake-up and no attempt has answered since
 		backoff = firstBackoff
 	)
 	defer func() {
-		if wl != nil {
-			g.unregister(a.Name)
+		if wl == nil {
+			return
 		}
+		g.dequeue(wl, sig)
+		if a.Outcome != OutcomeAcquired && (woken || len(sig) > 0) {
+			// A release woke us, but we leave without the lock: wake the next waiter instead,
+			// or it would sleep until its fallback.
+			g.wake(a.Name)
+		}
+		g.unregister(a.Name)
 	}()
 	for {
 		if err := ctx.Err(); err != nil {
@@ -234,13 +247,15 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 			return nil, canceled(a.Name, ctx)
 		}
 		if wl != nil {
-			wake = g.waitChan(a.Name)
+			// Queue before the attempt, so that a release while it is out still wakes us.
+			g.enqueue(wl, sig)
 		}
 		token := rand.Text()
 		start := time.Now()
 		a.Attempts++
 		fence, err := g.backend.Acquire(ctx, a.Name, token, ttl)
 		if err == nil {
+			woken = false
 			a.Outcome = OutcomeAcquired
 			return &Lock{
 				g: g, name: a.Name, token: token, label: s.label, fence: fence,
@@ -250,6 +265,8 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 		}
 		var busy *BusyError
 		if !errors.As(err, &busy) {
+			// A wake-up that this attempt did not use (it was cancelled, or the backend
+			// failed) is passed on when we leave.
 			if ctx.Err() != nil {
 				a.Outcome = OutcomeCanceled
 				return nil, canceled(a.Name, ctx)
@@ -257,6 +274,7 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 			a.Outcome = OutcomeError
 			return nil, fmt.Errorf("guard: acquire %q: %w", a.Name, err)
 		}
+		woken = false // the wake-up is used: someone else holds the lock, and its release wakes us
 		if s.waitTime == 0 {
 			a.Outcome = OutcomeBusy
 			return nil, busy
@@ -269,6 +287,7 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 				a.Outcome = waitOutcome(werr)
 				return nil, werr
 			}
+			sig = make(chan struct{}, 1)
 			continue
 		}
 
@@ -293,8 +312,9 @@ func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*
 		}
 		t := time.NewTimer(delay)
 		select {
-		case <-wake:
+		case <-sig:
 			a.Wakeups++
+			woken = true
 		case <-t.C:
 		case <-ctx.Done():
 		case <-g.life.Done():
@@ -394,7 +414,7 @@ func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
 	switch {
 	case err == nil:
 		if keep <= 0 {
-			g.wake(l.name)
+			g.wakeLocal(l.name)
 		}
 	case errors.Is(err, ErrNotHeld) && lost != nil:
 		err = fmt.Errorf("guard: release %q: %w (%w)", l.name, err, lost)
@@ -465,7 +485,7 @@ func (g *Guard) register(ctx context.Context, name string) (*waitList, error) {
 		}
 		first := wl == nil
 		if first {
-			wl = &waitList{ch: make(chan struct{}), ready: make(chan struct{})}
+			wl = &waitList{ready: make(chan struct{})}
 			g.waiters[name] = wl
 		}
 		wl.n++
@@ -540,23 +560,61 @@ func (g *Guard) unregister(name string) {
 	close(wl.gone)
 }
 
-// waitChan returns the channel that the next release of name closes.
-func (g *Guard) waitChan(name string) <-chan struct{} {
+// enqueue puts a waiter's wake-up channel at the back of wl's queue, unless it is queued.
+func (g *Guard) enqueue(wl *waitList, sig chan struct{}) {
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
-	if wl := g.waiters[name]; wl != nil {
-		return wl.ch
+	if !slices.Contains(wl.queue, sig) {
+		wl.queue = append(wl.queue, sig)
 	}
-	return nil
 }
 
-// wake wakes this Guard's waiters for name. The subscription calls it for releases elsewhere.
+// dequeue takes a waiter's wake-up channel out of wl's queue.
+func (g *Guard) dequeue(wl *waitList, sig chan struct{}) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	if i := slices.Index(wl.queue, sig); i >= 0 {
+		wl.queue = slices.Delete(wl.queue, i, i+1)
+	}
+}
+
+// wakeLocal wakes a waiter of this Guard after this Guard released name, unless the name is
+// watched: the backend then announces the release to this Guard's subscription too, and a
+// second wake-up would cost a waiter a round trip for nothing.
+func (g *Guard) wakeLocal(name string) {
+	g.wmu.Lock()
+	wl := g.waiters[name]
+	watched := wl != nil && wl.watchedNow()
+	g.wmu.Unlock()
+	if !watched {
+		g.wake(name)
+	}
+}
+
+// watchedNow reports whether the list's Watch has succeeded; false while it is in flight.
+func (wl *waitList) watchedNow() bool {
+	select {
+	case <-wl.ready:
+		return wl.watched
+	default:
+		return false
+	}
+}
+
+// wake wakes the waiter of this Guard that has waited longest for name. The subscription
+// calls it for releases elsewhere.
 func (g *Guard) wake(name string) {
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
-	if wl := g.waiters[name]; wl != nil {
-		close(wl.ch)
-		wl.ch = make(chan struct{})
+	wl := g.waiters[name]
+	if wl == nil || len(wl.queue) == 0 {
+		return
+	}
+	sig := wl.queue[0]
+	wl.queue = slices.Delete(wl.queue, 0, 1)
+	select {
+	case sig <- struct{}{}:
+	default: // it has a wake-up it has not taken yet
 	}
 }
 

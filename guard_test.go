@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/locktest"
 	"github.com/guardlock/guard/memstore"
 )
 
@@ -300,4 +302,107 @@ func TestExtendAfterCallerCancelled(t *testing.T) {
 	require.ErrorIs(t, err, guard.ErrNotAcquired)
 	require.NoError(t, l.Release(t.Context()))
 	require.ErrorIs(t, l.Extend(t.Context(), time.Minute), guard.ErrNotHeld)
+}
+
+// TestReleaseWakesOneWaiter parks five waiters of one Guard behind a lock of another: each
+// release must wake one waiter, not all of them, so every waiter makes exactly three attempts
+// (the first, one right after it started watching, one when its turn comes). Waking all would
+// cost 25 attempts instead of 15.
+func TestReleaseWakesOneWaiter(t *testing.T) {
+	const waiters = 5
+	store := memstore.New()
+	holder := newGuard(t, store)
+	l, err := holder.Acquire(t.Context(), "n")
+	require.NoError(t, err)
+
+	sp := locktest.NewSpy(store, 2*waiters)
+	counted := &countingBackend{Spy: sp}
+	g := newGuard(t, counted)
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Go(func() {
+			if err := g.Do(t.Context(), "n", func(context.Context) error { return nil }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for range 2 * waiters {
+		<-sp.Busy()
+	}
+	require.NoError(t, l.Release(t.Context()))
+	wg.Wait()
+	assert.EqualValues(t, 3*waiters, counted.attempts.Load(), "attempts by %d waiters", waiters)
+}
+
+// countingBackend counts acquire attempts.
+type countingBackend struct {
+	*locktest.Spy
+	attempts atomic.Int64
+}
+
+func (c *countingBackend) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
+	c.attempts.Add(1)
+	return c.Spy.Acquire(ctx, name, token, ttl)
+}
+
+// victimKey marks the context of a waiter that a test cancels at its first attempt after a
+// wake-up.
+type victimKey struct{}
+
+type victim struct {
+	cancel   context.CancelFunc
+	attempts atomic.Int32
+}
+
+// cancelOnWake cancels the victim's context as it makes its third attempt, the one a wake-up
+// sends it on: it leaves holding a wake-up it never used.
+type cancelOnWake struct{ *locktest.Spy }
+
+func (c cancelOnWake) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
+	if v, ok := ctx.Value(victimKey{}).(*victim); ok && v.attempts.Add(1) == 3 {
+		v.cancel()
+		return 0, ctx.Err()
+	}
+	return c.Spy.Acquire(ctx, name, token, ttl)
+}
+
+// TestWakeUpIsPassedOn: a waiter woken by a release that leaves without the lock must wake
+// the next one, which would otherwise sleep until its fallback (the holder's 30 s lease).
+func TestWakeUpIsPassedOn(t *testing.T) {
+	store := memstore.New()
+	holder := newGuard(t, store)
+	l, err := holder.Acquire(t.Context(), "n")
+	require.NoError(t, err)
+
+	sp := locktest.NewSpy(store, 8)
+	g := newGuard(t, cancelOnWake{sp})
+	vctx, cancel := context.WithCancel(t.Context())
+	vctx = context.WithValue(vctx, victimKey{}, &victim{cancel: cancel})
+	victimDone := make(chan error, 1)
+	go func() {
+		_, err := g.Acquire(vctx, "n")
+		victimDone <- err
+	}()
+	<-sp.Busy()
+	<-sp.Busy() // the victim is parked first, so the release wakes it
+
+	other := make(chan error, 1)
+	go func() {
+		got, err := g.Acquire(t.Context(), "n")
+		if err == nil {
+			err = got.Release(t.Context())
+		}
+		other <- err
+	}()
+	<-sp.Busy()
+	<-sp.Busy()
+
+	require.NoError(t, l.Release(t.Context()))
+	require.ErrorIs(t, <-victimDone, context.Canceled)
+	select {
+	case err := <-other:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the wake-up died with the waiter that left; the next waiter was not woken")
+	}
 }

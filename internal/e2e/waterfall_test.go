@@ -167,8 +167,12 @@ func style(s testserver.Span, root bool) (color, note string) {
 	case strings.HasPrefix(s.Name, "guard.acquire"):
 		wait, _ := s.Attributes[string(tracing.WaitKey)].(float64)
 		note = fmt.Sprintf("%v, waited %v", s.Attributes[string(tracing.OutcomeKey)], time.Duration(wait*float64(time.Second)).Round(10*time.Microsecond))
-		if wake, ok := s.Attributes[string(tracing.WakeupsKey)]; ok && fmt.Sprint(wake) != "0" {
-			note += fmt.Sprintf(", %v wake-up", wake)
+		switch wake := fmt.Sprint(s.Attributes[string(tracing.WakeupsKey)]); wake {
+		case "0", "<nil>":
+		case "1":
+			note += ", 1 wake-up"
+		default:
+			note += ", " + wake + " wake-ups"
 		}
 		if wait > 0.0001 {
 			return "#e6862e", note
