@@ -169,6 +169,25 @@ func subscribe(t *testing.T, s *Store) (guard.Subscription, <-chan string) {
 	return sub, got
 }
 
+// takeAndRelease takes name on s and releases it at once: one release notification.
+func takeAndRelease(t *testing.T, s *Store, name string) {
+	t.Helper()
+	_, err := s.Acquire(t.Context(), name, "tok", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, s.Release(t.Context(), name, "tok", 0))
+}
+
+// expectNotified waits for the next notification on got and checks it names name.
+func expectNotified(t *testing.T, got <-chan string, name, why string) {
+	t.Helper()
+	select {
+	case n := <-got:
+		require.Equal(t, name, n, why)
+	case <-time.After(notifyWait):
+		t.Fatalf("no notification for %q: %s", name, why)
+	}
+}
+
 // uniqueName returns a lock name that no other test uses.
 func uniqueName(t testing.TB, suffix string) string {
 	return "test:" + t.Name() + ":" + suffix
@@ -671,9 +690,7 @@ func testNotify(t *testing.T, d *deployment) {
 		t.Cleanup(func() { require.NoError(t, sub.Close()) })
 		require.NoError(t, sub.Watch(ctx, name))
 	}
-	_, err := holder.Acquire(ctx, name, "tok", time.Minute)
-	require.NoError(t, err)
-	require.NoError(t, holder.Release(ctx, name, "tok", 0))
+	takeAndRelease(t, holder, name)
 	for i := range got {
 		select {
 		case n := <-got[i]:
@@ -693,35 +710,20 @@ func testUnwatch(t *testing.T, d *deployment) {
 	require.NoError(t, err)
 	names := sameSlot(uniqueName(t, ""), "a", "b")
 	a, b := names[0], names[1]
-	expect := func(want string) {
-		t.Helper()
-		select {
-		case n := <-got:
-			require.Equal(t, want, n)
-		case <-time.After(notifyWait):
-			t.Fatalf("no notification for %q", want)
-		}
-	}
-	release := func(name string) {
-		t.Helper()
-		_, err := holder.Acquire(ctx, name, "tok", time.Minute)
-		require.NoError(t, err)
-		require.NoError(t, holder.Release(ctx, name, "tok", 0))
-	}
 
 	require.NoError(t, sub.Watch(ctx, a))
 	require.NoError(t, sub.Watch(ctx, a))
 	require.NoError(t, sub.Watch(ctx, b))
 	sub.Unwatch("never watched")
 	sub.Unwatch(a)
-	release(a)
-	expect(a) // one Watch of a is left
+	takeAndRelease(t, holder, a)
+	expectNotified(t, got, a, "a watched name") // one Watch of a is left
 	sub.Unwatch(a)
 	// Unwatch does not wait for the server; the test does, before it releases a again.
 	require.Eventually(t, func() bool { return d.numsub(t, w.channel(a)) == 0 }, notifyWait, 5*time.Millisecond)
-	release(a)
-	release(b)
-	expect(b) // nothing for a came before it
+	takeAndRelease(t, holder, a)
+	takeAndRelease(t, holder, b)
+	expectNotified(t, got, b, "a watched name") // nothing for a came before it
 
 	require.NoError(t, sub.Close())
 	require.NoError(t, sub.Close(), "a second Close")
@@ -778,15 +780,8 @@ func testResubscribe(t *testing.T, d *deployment) {
 	require.Eventually(t, func() bool { return subscribers() == 1 }, notifyWait, 10*time.Millisecond,
 		"go-redis did not subscribe again")
 
-	_, err := holder.Acquire(ctx, name, "tok", time.Minute)
-	require.NoError(t, err)
-	require.NoError(t, holder.Release(ctx, name, "tok", 0))
-	select {
-	case n := <-got:
-		assert.Equal(t, name, n)
-	case <-time.After(notifyWait):
-		t.Fatal("no notification after the reconnect")
-	}
+	takeAndRelease(t, holder, name)
+	expectNotified(t, got, name, "after the reconnect")
 }
 
 // pubsubClients returns the CLIENT LIST lines of the connections in pub/sub mode on d's
@@ -847,15 +842,8 @@ func testHealthCheck(t *testing.T, d *deployment) {
 		return len(c) == 1 && clientField(c[0], "id") != id && clientField(c[0], "sub") == "1"
 	}, notifyWait, 10*time.Millisecond, "no new connection after the server stopped answering")
 
-	_, err := holder.Acquire(ctx, name, "tok", time.Minute)
-	require.NoError(t, err)
-	require.NoError(t, holder.Release(ctx, name, "tok", 0))
-	select {
-	case n := <-got:
-		assert.Equal(t, name, n)
-	case <-time.After(notifyWait):
-		t.Fatal("no notification on the new connection")
-	}
+	takeAndRelease(t, holder, name)
+	expectNotified(t, got, name, "on the new connection")
 }
 
 // TestServerDown kills the server under a Store: every call fails with a backend error that
