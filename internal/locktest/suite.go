@@ -305,7 +305,7 @@ func testWaiting(t *testing.T, h Harness) {
 		// A holder that died without releasing leaves exactly this behind: a lease on the
 		// backend under a token nobody will ever release.
 		start := time.Now()
-		_, err := target.Backend.Acquire(t.Context(), name, "crashed-holder", ttl)
+		_, err := target.Backend.Acquire(t.Context(), guard.Request{Name: name, Token: "crashed-holder", TTL: ttl})
 		require.NoError(t, err)
 
 		rec := &recorder{}
@@ -511,7 +511,7 @@ func testErrors(t *testing.T, h Harness) {
 	t.Run("ExtendWatchdogLock", func(t *testing.T) {
 		l, err := g.TryAcquire(t.Context(), uniqueName(t))
 		require.NoError(t, err)
-		require.ErrorIs(t, l.Extend(t.Context(), time.Second), guard.ErrInvalidOption)
+		require.ErrorIs(t, l.Extend(t.Context(), time.Second), guard.ErrNotExtendable)
 		require.NoError(t, l.Release(t.Context()))
 		require.NoError(t, l.Release(t.Context()), "Release is idempotent")
 		require.ErrorIs(t, l.Err(), guard.ErrReleased)
