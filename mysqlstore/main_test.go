@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/internal/testserver"
 )
 
@@ -124,4 +126,33 @@ func (c *countingConn) Read(p []byte) (int, error) {
 		c.writing.Store(false)
 	}
 	return n, err
+}
+
+// deadlocks returns a function that says how many deadlocks InnoDB reported since deadlocks
+// was called, from the server's status (MariaDB's Innodb_deadlocks; "unknown" elsewhere).
+func (srv *server) deadlocks(tb testing.TB) func() string {
+	tb.Helper()
+	read := func() (int64, bool) {
+		var name string
+		var n int64
+		err := srv.admin.QueryRowContext(context.Background(), "SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'").Scan(&name, &n)
+		return n, err == nil
+	}
+	before, ok := read()
+	return func() string {
+		after, ok2 := read()
+		if !ok || !ok2 {
+			return "unknown"
+		}
+		return strconv.FormatInt(after-before, 10)
+	}
+}
+
+// guard returns a Guard on a Store with a pool of its own, closed when the test ends.
+func (srv *server) guard(tb testing.TB, opts ...guard.Option) *guard.Guard {
+	tb.Helper()
+	s, _ := srv.store(tb)
+	g := guard.New(s, opts...)
+	tb.Cleanup(func() { _ = g.Close(context.Background()) })
+	return g
 }
