@@ -52,17 +52,15 @@ func prepare(tb testing.TB, m *testserver.MySQL) *server {
 	return srv
 }
 
-// open returns a new *sql.DB on the server, closed when the test ends. With rt, it counts the
-// round trips of its connections.
-func (srv *server) open(tb testing.TB, rt *roundTrips, params ...string) *sql.DB {
+// open returns a new *sql.DB on the server, closed when the test ends, with its
+// configuration changed by each of configure. With rt, it counts the round trips of its
+// connections.
+func (srv *server) open(tb testing.TB, rt *roundTrips, configure ...func(*mysql.Config)) *sql.DB {
 	tb.Helper()
 	cfg, err := mysql.ParseDSN(srv.DSN)
 	require.NoError(tb, err)
-	for i := 0; i+1 < len(params); i += 2 {
-		if cfg.Params == nil {
-			cfg.Params = map[string]string{}
-		}
-		cfg.Params[params[i]] = params[i+1]
+	for _, c := range configure {
+		c(cfg)
 	}
 	if rt != nil {
 		cfg.DialFunc = rt.dial
@@ -76,14 +74,24 @@ func (srv *server) open(tb testing.TB, rt *roundTrips, params ...string) *sql.DB
 
 // store returns a Store with a pool of its own, one connection of which is open already (so
 // that the first operation does not pay for the connection), and its round-trip counter.
-func (srv *server) store(tb testing.TB, params ...string) (*Store, *roundTrips) {
+func (srv *server) store(tb testing.TB, configure ...func(*mysql.Config)) (*Store, *roundTrips) {
 	tb.Helper()
 	rt := &roundTrips{}
-	db := srv.open(tb, rt, params...)
+	db := srv.open(tb, rt, configure...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(tb, db.PingContext(ctx))
 	return New(db), rt
+}
+
+// session returns a configuration that sets a session variable on every connection.
+func session(variable, value string) func(*mysql.Config) {
+	return func(c *mysql.Config) {
+		if c.Params == nil {
+			c.Params = make(map[string]string)
+		}
+		c.Params[variable] = value
+	}
 }
 
 // roundTrips counts the network round trips of the connections of one *sql.DB, at the
