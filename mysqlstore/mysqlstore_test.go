@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -528,4 +529,11 @@ func TestStatementsPerOperation(t *testing.T) {
 		assert.Equal(t, int64(1), after[op.kind]-before[op.kind], "%s: %s", op.name, op.kind)
 		assert.Equal(t, int64(1), rt.Load()-trips, "%s: round trips at the socket", op.name)
 	}
+}
+
+// TestDocsDDL checks that the DDL printed in docs/backends.md is what CreateTable runs.
+func TestDocsDDL(t *testing.T) {
+	doc, err := os.ReadFile("../docs/backends.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), fill(createTableSQL, "{table}", "`guard_locks`"), "docs/backends.md must print CreateTable's DDL")
 }
