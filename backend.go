@@ -9,32 +9,63 @@ import (
 // one attempt to take a name, a batched extension, and an owner-checked release. Everything
 // else — waiting, the watchdog, reentrancy, contexts, telemetry — lives in the Guard.
 //
-// Every method acts only for the owner identified by token: Extend and Release never touch a
+// Every method acts only for the owner identified by a token: Extend and Release never touch a
 // lock held under another token. Each uncontended call is expected to be one network round
-// trip.
+// trip. Methods return bare causes (ErrNotHeld, a *BusyError, the driver's error): the Guard
+// adds the operation and the lock name.
+//
+// Package locktest (internal/locktest) is the conformance suite that proves a Backend keeps
+// this contract; every store of this module runs it.
 type Backend interface {
-	// Acquire makes one attempt to take name for token, for ttl. On success it returns the
-	// fence: a number that strictly increases with every successful acquisition of name on
-	// this backend and is never reset, not even by Release.
+	// Acquire makes one attempt to take r.Name for r.Token, with a lease of r.TTL measured
+	// by the backend's clock. On success it returns the fence: a number that strictly
+	// increases with every successful acquisition of the name on this backend, for all time.
+	// Release never resets it, and neither does losing the backend's per-name state (a
+	// restart without persistence, eviction, reclaiming idle names): where that state can
+	// vanish, the fence is floored by the backend's clock (see docs/semantics.md).
 	//
-	// When another owner holds name, Acquire returns a *BusyError (which matches
-	// ErrNotAcquired) carrying the holder's remaining lease when the backend knows it.
-	// Any other error is a backend failure and must not match ErrNotAcquired.
-	Acquire(ctx context.Context, name, token string, ttl time.Duration) (fence uint64, err error)
+	// Acquire is idempotent for its own token: when r.Token already holds the name — a
+	// retry of an attempt whose reply was lost — it succeeds again, sets the lease to r.TTL
+	// from now, and returns a fence no lower than the one the first attempt took.
+	//
+	// When another owner holds the name, Acquire returns a *BusyError (which matches
+	// ErrNotAcquired) carrying how long the name stays taken — the holder's remaining lease,
+	// or what is left of a MinHold window — when the backend knows it. Any other error is a
+	// backend failure and must not match ErrNotAcquired.
+	//
+	// The backend records r.Instance and r.Label with the lock, and the time it granted it,
+	// in the same round trip, for Inspector.
+	Acquire(ctx context.Context, r Request) (fence uint64, err error)
 
 	// Extend sets the lease of each lock in leases to its TTL, measured from now, if the lock
 	// is still held by its token. It returns one error per lease, in order: nil when
-	// extended, an error matching ErrNotHeld when the name is free or held by another token,
-	// or a backend failure. A backend should send the whole batch in as few round trips as
-	// it can (the watchdog renews every lock of a Guard with one call per tick).
+	// extended, ErrNotHeld (or an error matching it) when the name is free or held by
+	// another token, or a backend failure. A backend should send the whole batch in as few
+	// round trips as it can (the watchdog renews the locks of a Guard in one call per tick).
 	Extend(ctx context.Context, leases []Lease) []error
 
-	// Release gives name up if token still holds it. With keep > 0 the lock is not freed
-	// but its lease is set to keep (the rest of a MinHold window), so that nobody takes the
-	// name before the window ends. It returns an error matching ErrNotHeld when token does
-	// not hold name. A release that frees the name should wake waiters in other processes
-	// (see Notifier).
+	// Release gives name up if token still holds it, and returns ErrNotHeld (or an error
+	// matching it) when it does not. A release that frees the name should tell waiters in
+	// other processes (see Notifier).
+	//
+	// With keep > 0 the name is not freed: it stays taken for keep more (the rest of a
+	// MinHold window), under an owner that no token matches, so that a renewal of token
+	// still in flight cannot shorten the window; waiters should be told, so that they learn
+	// when the window ends.
 	Release(ctx context.Context, name, token string, keep time.Duration) error
+}
+
+// Request is one attempt to take a lock.
+type Request struct {
+	Name string // the lock name; CheckName accepts it
+	// Token identifies the owner: random, at least 128 bits, the same for every attempt of
+	// one acquisition.
+	Token string
+	TTL   time.Duration // the lease, at least 10 ms
+	// Instance identifies the process that asks, for operators (WithInstance: a host name
+	// and process id by default).
+	Instance string
+	Label    string // the acquisition's Label, or ""
 }
 
 // Lease names one held lock to extend.
@@ -45,17 +76,27 @@ type Lease struct {
 }
 
 // Notifier is implemented by backends that can tell waiters, in this process and others,
-// that a name was released. A Guard opens one Subscription the first time one of its
+// that a name may have become free. A Guard opens one Subscription the first time one of its
 // callers waits, shares it between all its waiters, and closes it in Close. Backends without
-// it are still correct: waiters then re-try with a jittered backoff (10 ms doubling up to 1 s),
-// never later than the holder's expiry.
+// it are still correct: waiters then re-try with a backoff (see docs/semantics.md).
 type Notifier interface {
-	// Subscribe opens a subscription that calls released with the name of each watched lock
-	// that is released. released must not block; it may be called from any goroutine.
-	Subscribe(released func(name string)) (Subscription, error)
+	// Subscribe opens a subscription that calls notify for each watched name that may have
+	// become free. notify must not block; it may be called from any goroutine.
+	Subscribe(notify func(Notice)) (Subscription, error)
 }
 
-// Subscription is a live stream of release notifications for a set of names.
+// Notice tells a Guard that a watched name may have become free.
+type Notice struct {
+	Name string
+	// Token is the token of the lock whose release sent the notice, when the backend knows
+	// it: the Guard that released that lock has already woken one of its own waiters. It is
+	// empty when the backend only knows that something may have changed — after a
+	// subscription lost its connection and watches again, it sends one notice per watched
+	// name, because a release may have happened while it was away.
+	Token string
+}
+
+// Subscription is a live stream of notices for a set of names.
 type Subscription interface {
 	// Watch adds name to the watched set. It returns once the backend confirms the watch,
 	// so that a release that happens after Watch returns is reported.
@@ -64,4 +105,52 @@ type Subscription interface {
 	Unwatch(name string)
 	// Close ends the subscription and waits for its goroutines.
 	Close() error
+}
+
+// Partitioned is implemented by a backend whose locks live on several servers, such as a
+// Redis Cluster. The watchdog renews the locks of each partition in a call of its own, so that
+// one slow or failing server delays only the renewals of the locks it holds.
+type Partitioned interface {
+	// Partition returns the server that holds name now, as a string that is equal for names
+	// on the same server; "" when it cannot tell.
+	Partition(name string) string
+}
+
+// Inspector is implemented by backends that let operators see and break locks: every store of
+// this module does. cmd/guardctl is built on it.
+type Inspector interface {
+	// Inspect returns what the backend knows of name: its holder, or that it is free (with
+	// its last fence, when the backend still has it).
+	Inspect(ctx context.Context, name string) (LockInfo, error)
+
+	// List returns held locks whose names start with prefix, at most limit of them (the
+	// backend may return fewer), and a cursor for the next page: "" when there is none. Pass
+	// "" as cursor for the first page. Paging never misses a lock that is held from the first
+	// page to the last. Pages come in an order of the backend's choosing; a backend that
+	// pages through a hash table (Redis SCAN) may return a name again when the table is
+	// resized between pages, and callers that need each name once skip repeats.
+	List(ctx context.Context, prefix, cursor string, limit int) (page []LockInfo, next string, err error)
+
+	// ForceRelease frees name whoever holds it, keeping its fence, and tells waiters. The
+	// holder's next renewal finds the lock gone and its context ends with ErrLockLost; the
+	// next acquisition gets a higher fence, so a resource that checks fences rejects the old
+	// holder's late writes. It returns ErrNotHeld (or an error matching it) when name is
+	// free.
+	ForceRelease(ctx context.Context, name string) error
+}
+
+// LockInfo is what an Inspector reports of one lock name.
+type LockInfo struct {
+	Name string
+	// Held reports whether the name is taken now. When false, the fields below describe
+	// the last holder, as far as the backend still knows it.
+	Held bool
+	// Kept reports a lock that its holder released but whose MinHold window has not ended:
+	// the name stays taken for Remaining, and no owner can extend or release it.
+	Kept       bool
+	Fence      uint64        // the holder's fence; for a free name, the last one given (0: unknown)
+	Instance   string        // who took it (Request.Instance)
+	Label      string        // the Label of the acquisition
+	AcquiredAt time.Time     // when the backend granted it, by the backend's clock
+	Remaining  time.Duration // how long it stays taken, by the backend's clock; 0 when free
 }

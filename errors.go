@@ -33,26 +33,72 @@ var (
 	ErrInvalidName = errors.New("guard: invalid lock name")
 	// ErrInvalidOption is matched by every *OptionError.
 	ErrInvalidOption = errors.New("guard: invalid option")
+	// ErrNotExtendable reports Lock.Extend on a lock that the watchdog renews: only a lock
+	// taken with LeaseTime is extended by hand.
+	ErrNotExtendable = errors.New("guard: the watchdog renews this lock; only a LeaseTime lock is extended by hand")
 )
 
-// BusyError is returned when a lock is held by another owner. It matches ErrNotAcquired.
+// BusyError is returned when a lock is held by another owner: one attempt found it taken, or
+// a wait ran out. It matches ErrNotAcquired.
 type BusyError struct {
 	// Name is the lock name.
 	Name string
-	// Remaining is the holder's remaining lease as the backend reported it, or 0 when unknown.
+	// Remaining is how long the name stays taken as the backend reported it — the holder's
+	// lease, or the rest of a MinHold window — or 0 when unknown.
 	Remaining time.Duration
+	// Waited is how long the acquisition waited before it gave up: 0 for a single attempt.
+	Waited time.Duration
 }
 
 // Error describes the busy lock.
 func (e *BusyError) Error() string {
+	s := fmt.Sprintf("guard: lock %q is held", e.Name)
 	if e.Remaining > 0 {
-		return fmt.Sprintf("guard: lock %q is held (for %v more)", e.Name, e.Remaining)
+		s += fmt.Sprintf(" (for %v more)", e.Remaining)
 	}
-	return fmt.Sprintf("guard: lock %q is held", e.Name)
+	if e.Waited > 0 {
+		s += fmt.Sprintf("; gave up after waiting %v", e.Waited.Round(time.Millisecond))
+	}
+	return s
 }
 
 // Is reports whether target is ErrNotAcquired.
 func (e *BusyError) Is(target error) bool { return target == ErrNotAcquired }
+
+// OpError reports a failed operation on a named lock — acquire, extend, release — with its
+// cause, which errors.Is and errors.As see through. The Guard adds the operation and the name
+// once; backends return bare causes.
+type OpError struct {
+	Op   string // "acquire", "extend" or "release"
+	Name string // the lock name
+	Err  error  // the cause
+}
+
+// Error says the operation, the name and the cause, in that order.
+func (e *OpError) Error() string {
+	return fmt.Sprintf("guard: %s %q: %s", e.Op, e.Name, bare(e.Err))
+}
+
+// Unwrap returns the cause.
+func (e *OpError) Unwrap() error { return e.Err }
+
+// bare returns err's message without this package's "guard: " prefix, for a message that
+// already starts with it.
+func bare(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return strings.TrimPrefix(err.Error(), "guard: ")
+}
+
+// because wraps err and its cause into one error that matches both and says the cause in
+// parentheses: "lock not held (lock lost: …)".
+func because(err, cause error) error { return &causedError{err: err, cause: cause} }
+
+type causedError struct{ err, cause error }
+
+func (e *causedError) Error() string   { return e.err.Error() + " (" + bare(e.cause) + ")" }
+func (e *causedError) Unwrap() []error { return []error{e.err, e.cause} }
 
 // NameError reports a lock name that cannot be used. It matches ErrInvalidName.
 type NameError struct {
@@ -101,7 +147,5 @@ func CheckName(name string) error {
 	}
 	return nil
 }
-
-func isNotHeld(err error) bool { return errors.Is(err, ErrNotHeld) }
 
 func isLoss(err error) bool { return errors.Is(err, ErrLockLost) || errors.Is(err, ErrLeaseExpired) }

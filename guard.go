@@ -2,12 +2,9 @@ package guard
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"reflect"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,8 +13,8 @@ import (
 )
 
 // Guard hands out locks on one backend. It owns the watchdog that renews its locks, the one
-// release subscription its waiters share, and every lock it gave until that lock is released
-// or the Guard is closed. A Guard is safe for concurrent use; make one per backend and
+// release subscription its waiters share, and every lock it gave until that lock is released,
+// lost, or the Guard is closed. A Guard is safe for concurrent use; make one per backend and
 // process, and Close it on shutdown.
 type Guard struct {
 	backend     Backend
@@ -25,6 +22,7 @@ type Guard struct {
 	notifier    Notifier // nil when the backend cannot announce releases
 	obs         Observer // nil: no telemetry
 	watchdogTTL time.Duration
+	instance    string // Request.Instance of every acquisition
 	sched       *watchdog.Scheduler
 	// life ends when Close begins: it ends waits and the Watch calls in flight.
 	life    context.Context
@@ -34,30 +32,11 @@ type Guard struct {
 	held   map[*Lock]struct{}
 	closed bool
 
-	wmu     sync.Mutex // protects waiters and the n, queue and gone fields of each; never held while calling out
-	waiters map[string]*waitList
+	// bg counts the Guard's background work: event deliveries to the observer and clean-up
+	// releases after ambiguous acquisitions. Close waits for it.
+	bg sync.WaitGroup
 
-	subMu   sync.Mutex // protects sub and subDone; held to open or close the subscription, never during a Watch
-	sub     Subscription
-	subDone bool
-}
-
-// waitList is the set of callers of one Guard waiting for one name. The first waiter asks the
-// subscription to watch the name; the last one to leave unwatches it. A list stays in the map
-// while it is being unwatched (gone is then set), so that a new first waiter's Watch is always
-// sent after the old Unwatch.
-//
-// A release wakes one waiter, the one queued longest, not all of them: only one can win, and
-// the others would each spend a round trip to learn that. A waiter that is woken but leaves
-// without the lock passes the wake-up on.
-type waitList struct {
-	n     int             // waiters registered
-	queue []chan struct{} // the waiters' wake-up channels, oldest first
-	// ready is closed once the first waiter's Watch has returned; watched tells whether it
-	// succeeded (release notifications will arrive) and is read only after ready.
-	ready   chan struct{}
-	watched bool
-	gone    chan struct{} // non-nil once the last waiter left; closed when Unwatch was sent
+	waiting // the callers waiting for names; see wait.go
 }
 
 // New returns a Guard on backend. It panics if an option is invalid: that is a programming
@@ -75,22 +54,27 @@ func New(backend Backend, opts ...Option) *Guard {
 	if s.err != nil {
 		panic(s.err.Error())
 	}
+	if s.instance == "" {
+		s.instance = defaultInstance()
+	}
 	g := &Guard{
 		backend:     backend,
 		obs:         s.observer,
 		watchdogTTL: s.watchdogTimeout,
+		instance:    s.instance,
 		held:        make(map[*Lock]struct{}),
-		waiters:     make(map[string]*waitList),
 	}
+	g.waiters = make(map[string]*waitList)
 	g.life, g.endLife = context.WithCancel(context.Background())
 	g.notifier, _ = backend.(Notifier)
 	g.backendName = packageName(backend)
-	g.sched = watchdog.New(g.renew)
+	var partition func(string) string
+	if p, ok := backend.(Partitioned); ok {
+		partition = p.Partition
+	}
+	g.sched = watchdog.New(g.renew, partition)
 	return g
 }
-
-// WatchdogTimeout returns the lease of locks taken without LeaseTime.
-func (g *Guard) WatchdogTimeout() time.Duration { return g.watchdogTTL }
 
 // Acquire takes the lock called name, waiting while someone else holds it: until ctx is done,
 // or up to WaitTime when that option is given. Without LeaseTime the watchdog holds the lock
@@ -101,9 +85,9 @@ func (g *Guard) WatchdogTimeout() time.Duration { return g.watchdogTTL }
 // not free the name.
 //
 // Errors: a *BusyError (ErrNotAcquired) when one attempt found the lock held or the wait ran
-// out; an error matching both ErrNotAcquired and ctx.Err() when ctx ended the wait; a
-// *NameError or *OptionError for bad input; ErrClosed after Close; otherwise the backend's
-// error, wrapped.
+// out; an *OpError matching both ErrNotAcquired and ctx.Err() when ctx ended the wait; a
+// *NameError or *OptionError for bad input; ErrClosed after Close; otherwise an *OpError
+// that wraps the backend's error.
 func (g *Guard) Acquire(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
 	return g.acquire(ctx, name, -1, opts)
 }
@@ -115,17 +99,23 @@ func (g *Guard) TryAcquire(ctx context.Context, name string, opts ...LockOption)
 }
 
 // Do acquires name as Acquire does, runs fn under the lock's context, and releases the lock
-// when fn returns or panics. If the lock was lost or its lease ran out while fn ran, the error
-// matches ErrLockLost or ErrLeaseExpired, even when fn itself returned nil. Do releases with a
-// context that ignores ctx's cancellation, bounded by the lock's lease.
+// when fn returns or panics. It returns fn's error, joined with the cause when the lock was
+// lost or its lease ran out while fn ran (ErrLockLost, ErrLeaseExpired) — also when fn itself
+// returned nil, because the work may not have run alone — and with ErrLockLost when the
+// release found the lock no longer ours.
+//
+// A release that fails for another reason (the backend is unreachable) is not returned: the
+// work is done, the lease runs out on its own, and returning an error would invite running fn
+// again. The observer hears of it (EventReleased with Err).
 func (g *Guard) Do(ctx context.Context, name string, fn func(context.Context) error, opts ...LockOption) (err error) {
 	l, err := g.Acquire(ctx, name, opts...)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if rerr := l.releaseDetached(ctx); rerr != nil && l.lossCause() == nil {
-			err = errors.Join(err, rerr)
+		rerr := l.Release(ctx)
+		if errors.Is(rerr, ErrNotHeld) && l.lossCause() == nil {
+			err = errors.Join(err, fmt.Errorf("%w: found at release", ErrLockLost))
 		}
 	}()
 	err = fn(l.Context())
@@ -137,8 +127,9 @@ func (g *Guard) Do(ctx context.Context, name string, fn func(context.Context) er
 
 // Close releases every lock this Guard still holds (their contexts end with cause ErrClosed),
 // ends the waits of its callers with ErrClosed, stops the watchdog and the release
-// subscription, and waits for their goroutines. It returns the backend's release errors, if
-// any; a lock that was no longer held is not one. Close is idempotent.
+// subscription, and waits for their goroutines and for deliveries to the observer, as long as
+// ctx allows. It returns the backend's release errors, if any; a lock that was no longer held
+// is not one. Close is idempotent. An Observer must not call it.
 func (g *Guard) Close(ctx context.Context) error {
 	g.mu.Lock()
 	if g.closed {
@@ -164,14 +155,18 @@ func (g *Guard) Close(ctx context.Context) error {
 		}
 	}
 	g.sched.Close()
-	g.subMu.Lock()
-	sub := g.sub
-	g.sub, g.subDone = nil, true
-	g.subMu.Unlock()
-	if sub != nil {
-		if err := sub.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("guard: close subscription: %w", err))
-		}
+	if err := g.closeSubscription(); err != nil {
+		errs = append(errs, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		g.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("guard: close: waiting for the observer: %w", ctx.Err()))
 	}
 	return errors.Join(errs...)
 }
@@ -198,7 +193,7 @@ func (g *Guard) acquire(ctx context.Context, name string, defaultWait time.Durat
 	if g.obs != nil {
 		ctx = g.obs.AcquireStart(ctx, a)
 	}
-	l, err := g.attempt(ctx, a, &s)
+	l, err := g.wait(ctx, a, &s)
 	a.Waited = time.Since(a.Started)
 	parent := ctx
 	if g.obs != nil {
@@ -213,144 +208,8 @@ func (g *Guard) acquire(ctx context.Context, name string, defaultWait time.Durat
 	return l, nil
 }
 
-// attempt runs the attempts of one acquisition and sets a.Outcome.
-func (g *Guard) attempt(ctx context.Context, a *Acquisition, s *lockSettings) (*Lock, error) {
-	ttl, renewed := s.leaseTime, false
-	if ttl == 0 {
-		ttl, renewed = g.watchdogTTL, true
-	}
-	var giveUp time.Time
-	if s.waitTime > 0 {
-		giveUp = a.Started.Add(s.waitTime)
-	}
-	var (
-		wl      *waitList
-		sig     chan struct{} // a release hands us its wake-up here; one at most
-		woken   bool          // we took a wake-up and no attempt has answered since
-		backoff = firstBackoff
-	)
-	defer func() {
-		if wl == nil {
-			return
-		}
-		g.dequeue(wl, sig)
-		if a.Outcome != OutcomeAcquired && (woken || len(sig) > 0) {
-			// A release woke us, but we leave without the lock: wake the next waiter instead,
-			// or it would sleep until its fallback.
-			g.wake(a.Name)
-		}
-		g.unregister(a.Name)
-	}()
-	for {
-		if err := ctx.Err(); err != nil {
-			a.Outcome = OutcomeCanceled
-			return nil, canceled(a.Name, ctx)
-		}
-		if wl != nil {
-			// Queue before the attempt, so that a release while it is out still wakes us.
-			g.enqueue(wl, sig)
-		}
-		token := rand.Text()
-		start := time.Now()
-		a.Attempts++
-		fence, err := g.backend.Acquire(ctx, a.Name, token, ttl)
-		if err == nil {
-			woken = false
-			a.Outcome = OutcomeAcquired
-			return &Lock{
-				g: g, name: a.Name, token: token, label: s.label, fence: fence,
-				ttl: ttl, renewed: renewed, minHold: s.minHold,
-				start: start, heldAt: time.Now(), prev: innermost(ctx),
-			}, nil
-		}
-		var busy *BusyError
-		if !errors.As(err, &busy) {
-			// A wake-up that this attempt did not use (it was cancelled, or the backend
-			// failed) is passed on when we leave.
-			if ctx.Err() != nil {
-				a.Outcome = OutcomeCanceled
-				return nil, canceled(a.Name, ctx)
-			}
-			a.Outcome = OutcomeError
-			return nil, fmt.Errorf("guard: acquire %q: %w", a.Name, err)
-		}
-		woken = false // the wake-up is used: someone else holds the lock, and its release wakes us
-		if s.waitTime == 0 {
-			a.Outcome = OutcomeBusy
-			return nil, busy
-		}
-		if wl == nil {
-			// From now on a release of the name wakes us. Try again at once: the holder may
-			// have released it between our attempt and the watch.
-			var werr error
-			if wl, werr = g.register(ctx, a.Name); werr != nil {
-				a.Outcome = waitOutcome(werr)
-				return nil, werr
-			}
-			sig = make(chan struct{}, 1)
-			continue
-		}
-
-		// Sleep until a release wakes us, or until the holder's lease would have run out
-		// (a crashed holder never releases), whichever comes first.
-		delay := busy.Remaining
-		if !wl.watched || delay <= 0 {
-			// No notifications from other processes: back off, but never past the holder's
-			// expiry. Jitter keeps many waiters from hitting the backend in step.
-			delay = jitter(backoff, delay)
-			backoff = min(2*backoff, maxBackoff)
-		} else {
-			delay += time.Duration(mrand.Int64N(int64(delay/50) + int64(time.Millisecond)))
-		}
-		if !giveUp.IsZero() {
-			left := time.Until(giveUp)
-			if left <= 0 {
-				a.Outcome = OutcomeTimeout
-				return nil, fmt.Errorf("guard: gave up waiting for %q after %v: %w", a.Name, s.waitTime, busy)
-			}
-			delay = min(delay, left)
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-sig:
-			a.Wakeups++
-			woken = true
-		case <-t.C:
-		case <-ctx.Done():
-		case <-g.life.Done():
-			t.Stop()
-			a.Outcome = OutcomeError
-			return nil, ErrClosed
-		}
-		t.Stop()
-	}
-}
-
-// waitOutcome classifies an error that ended a wait before an attempt.
-func waitOutcome(err error) Outcome {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return OutcomeCanceled
-	}
-	return OutcomeError
-}
-
-const (
-	firstBackoff = 10 * time.Millisecond
-	maxBackoff   = time.Second
-)
-
-// jitter returns a delay between half of and all of backoff, but no later than limit when
-// limit is positive.
-func jitter(backoff, limit time.Duration) time.Duration {
-	d := backoff/2 + time.Duration(mrand.Int64N(int64(backoff/2)+1))
-	if limit > 0 {
-		d = min(d, limit)
-	}
-	return d
-}
-
 func canceled(name string, ctx context.Context) error {
-	return fmt.Errorf("guard: waiting for %q: %w: %w", name, ErrNotAcquired, ctx.Err())
+	return &OpError{Op: "acquire", Name: name, Err: fmt.Errorf("%w: %w", ErrNotAcquired, ctx.Err())}
 }
 
 func (g *Guard) isClosed() bool {
@@ -378,21 +237,22 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 	if closed {
 		// Close ran while we were acquiring: give the lock back at once.
 		l.released = true
-		_ = g.release(context.WithoutCancel(parent), l, ErrClosed)
+		_ = g.release(parent, l, ErrClosed)
 		return ErrClosed
 	}
 	return nil
 }
 
-func (g *Guard) event(l *Lock, e LockEvent) {
-	if g.obs == nil {
-		return
-	}
-	if e.At.IsZero() {
-		e.At = time.Now()
-	}
-	g.obs.LockEvent(l, e)
+// forget drops l from the locks the Guard holds: it was released, or it ended on its own.
+func (g *Guard) forget(l *Lock) {
+	g.mu.Lock()
+	delete(g.held, l)
+	g.mu.Unlock()
 }
+
+// releaseTimeout bounds a release: it ignores the caller's cancellation, so that a release
+// from a handler whose request was cancelled still reaches the backend.
+const releaseTimeout = 5 * time.Second
 
 // release gives l back to the backend and ends its context with cause. The caller has marked
 // l released.
@@ -400,29 +260,49 @@ func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
 	g.sched.Remove(&l.lease)
 	lost := l.lossCause()
 	l.cancel(cause)
-	g.mu.Lock()
-	delete(g.held, l)
-	g.mu.Unlock()
+	g.forget(l)
 
 	var keep time.Duration
 	if l.minHold > 0 {
 		keep = l.minHold - time.Since(l.heldAt)
 	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	g.expectEcho(l.name, l.token)
 	start := time.Now()
-	err := g.backend.Release(ctx, l.name, l.token, keep)
+	err := g.backend.Release(rctx, l.name, l.token, keep)
 	took := time.Since(start)
 	switch {
 	case err == nil:
-		if keep <= 0 {
-			g.wakeLocal(l.name)
-		}
+		// A MinHold release frees nothing, but a local waiter learns when the window ends.
+		g.wake(l.name)
 	case errors.Is(err, ErrNotHeld) && lost != nil:
-		err = fmt.Errorf("guard: release %q: %w (%w)", l.name, err, lost)
+		err = &OpError{Op: "release", Name: l.name, Err: because(err, lost)}
 	default:
-		err = fmt.Errorf("guard: release %q: %w", l.name, err)
+		err = &OpError{Op: "release", Name: l.name, Err: err}
 	}
 	g.event(l, LockEvent{Kind: EventReleased, At: start.Add(took), Err: err, Duration: took})
 	return err
+}
+
+// cleanupTimeout bounds a clean-up release after an ambiguous acquisition.
+const cleanupTimeout = 5 * time.Second
+
+// cleanup releases token's lock on name in the background, in case an attempt whose outcome
+// is unknown (its reply was lost, it came too late, its context ended while it was out) took
+// the lock: nobody else may wait a whole lease for it. The release is owner-checked, so it
+// never touches another owner's lock.
+func (g *Guard) cleanup(name, token string) {
+	g.bg.Add(1)
+	go func() {
+		defer g.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		g.expectEcho(name, token)
+		if g.backend.Release(ctx, name, token, 0) == nil {
+			g.wake(name)
+		}
+	}()
 }
 
 // renew is the watchdog's RenewFunc: one backend call for the whole batch.
@@ -463,159 +343,6 @@ func (g *Guard) heldIn(ctx context.Context, name string) *Lock {
 		}
 	}
 	return nil
-}
-
-// register adds a waiter for name and makes sure the Guard's subscription watches it.
-func (g *Guard) register(ctx context.Context, name string) (*waitList, error) {
-	for {
-		g.wmu.Lock()
-		wl := g.waiters[name]
-		if wl != nil && wl.gone != nil {
-			// The last waiter is unwatching the name: watch it again only after that.
-			gone := wl.gone
-			g.wmu.Unlock()
-			select {
-			case <-gone:
-				continue
-			case <-ctx.Done():
-				return nil, canceled(name, ctx)
-			case <-g.life.Done():
-				return nil, ErrClosed
-			}
-		}
-		first := wl == nil
-		if first {
-			wl = &waitList{ready: make(chan struct{})}
-			g.waiters[name] = wl
-		}
-		wl.n++
-		g.wmu.Unlock()
-
-		if first {
-			wl.watched = g.watch(ctx, name)
-			close(wl.ready)
-			return wl, nil
-		}
-		select {
-		case <-wl.ready:
-			return wl, nil
-		case <-ctx.Done():
-			g.unregister(name)
-			return nil, canceled(name, ctx)
-		case <-g.life.Done():
-			g.unregister(name)
-			return nil, ErrClosed
-		}
-	}
-}
-
-// watch asks the backend to report releases of name; it reports whether it will. It gives up
-// when ctx ends or the Guard closes.
-func (g *Guard) watch(ctx context.Context, name string) bool {
-	if g.notifier == nil {
-		return false
-	}
-	g.subMu.Lock()
-	if g.sub == nil && !g.subDone {
-		if sub, err := g.notifier.Subscribe(g.wake); err == nil {
-			g.sub = sub
-		}
-	}
-	sub := g.sub
-	g.subMu.Unlock()
-	if sub == nil {
-		return false
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(g.life, cancel)
-	defer stop()
-	return sub.Watch(ctx, name) == nil
-}
-
-// unregister removes a waiter for name; the last one unwatches the name.
-func (g *Guard) unregister(name string) {
-	g.wmu.Lock()
-	wl := g.waiters[name]
-	wl.n--
-	if wl.n > 0 {
-		g.wmu.Unlock()
-		return
-	}
-	// The last waiter: the first one's Watch has returned (it is counted until then).
-	wl.gone = make(chan struct{})
-	g.wmu.Unlock()
-
-	if wl.watched {
-		g.subMu.Lock()
-		sub := g.sub
-		g.subMu.Unlock()
-		if sub != nil {
-			sub.Unwatch(name)
-		}
-	}
-	g.wmu.Lock()
-	delete(g.waiters, name)
-	g.wmu.Unlock()
-	close(wl.gone)
-}
-
-// enqueue puts a waiter's wake-up channel at the back of wl's queue, unless it is queued.
-func (g *Guard) enqueue(wl *waitList, sig chan struct{}) {
-	g.wmu.Lock()
-	defer g.wmu.Unlock()
-	if !slices.Contains(wl.queue, sig) {
-		wl.queue = append(wl.queue, sig)
-	}
-}
-
-// dequeue takes a waiter's wake-up channel out of wl's queue.
-func (g *Guard) dequeue(wl *waitList, sig chan struct{}) {
-	g.wmu.Lock()
-	defer g.wmu.Unlock()
-	if i := slices.Index(wl.queue, sig); i >= 0 {
-		wl.queue = slices.Delete(wl.queue, i, i+1)
-	}
-}
-
-// wakeLocal wakes a waiter of this Guard after this Guard released name, unless the name is
-// watched: the backend then announces the release to this Guard's subscription too, and a
-// second wake-up would cost a waiter a round trip for nothing.
-func (g *Guard) wakeLocal(name string) {
-	g.wmu.Lock()
-	wl := g.waiters[name]
-	watched := wl != nil && wl.watchedNow()
-	g.wmu.Unlock()
-	if !watched {
-		g.wake(name)
-	}
-}
-
-// watchedNow reports whether the list's Watch has succeeded; false while it is in flight.
-func (wl *waitList) watchedNow() bool {
-	select {
-	case <-wl.ready:
-		return wl.watched
-	default:
-		return false
-	}
-}
-
-// wake wakes the waiter of this Guard that has waited longest for name. The subscription
-// calls it for releases elsewhere.
-func (g *Guard) wake(name string) {
-	g.wmu.Lock()
-	defer g.wmu.Unlock()
-	wl := g.waiters[name]
-	if wl == nil || len(wl.queue) == 0 {
-		return
-	}
-	sig := wl.queue[0]
-	wl.queue = slices.Delete(wl.queue, 0, 1)
-	select {
-	case sig <- struct{}{}:
-	default: // it has a wake-up it has not taken yet
-	}
 }
 
 // packageName returns the name of the package that defines v's type: "redisstore" for a

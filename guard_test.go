@@ -213,7 +213,7 @@ type hungWatch struct {
 	watching chan string // receives the name of each Watch as it starts
 }
 
-func (h hungWatch) Subscribe(func(string)) (guard.Subscription, error) { return h, nil }
+func (h hungWatch) Subscribe(func(guard.Notice)) (guard.Subscription, error) { return h, nil }
 
 func (h hungWatch) Watch(ctx context.Context, name string) error {
 	h.watching <- name
@@ -340,9 +340,9 @@ type countingBackend struct {
 	attempts atomic.Int64
 }
 
-func (c *countingBackend) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
+func (c *countingBackend) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	c.attempts.Add(1)
-	return c.Spy.Acquire(ctx, name, token, ttl)
+	return c.Spy.Acquire(ctx, r)
 }
 
 // victimKey marks the context of a waiter that a test cancels at its first attempt after a
@@ -358,12 +358,12 @@ type victim struct {
 // sends it on: it leaves holding a wake-up it never used.
 type cancelOnWake struct{ *locktest.Spy }
 
-func (c cancelOnWake) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
+func (c cancelOnWake) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if v, ok := ctx.Value(victimKey{}).(*victim); ok && v.attempts.Add(1) == 3 {
 		v.cancel()
 		return 0, ctx.Err()
 	}
-	return c.Spy.Acquire(ctx, name, token, ttl)
+	return c.Spy.Acquire(ctx, r)
 }
 
 // TestWakeUpIsPassedOn: a waiter woken by a release that leaves without the lock must wake

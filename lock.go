@@ -3,6 +3,7 @@ package guard
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -38,6 +39,9 @@ type Lock struct {
 
 	mu       sync.Mutex // protects released
 	released bool
+
+	extendMu sync.Mutex // held during Extend: one extension at a time, answered in order
+	events   mailbox    // events for the observer, delivered in order
 }
 
 // lockKey is the context key of the innermost Lock a context runs under.
@@ -99,28 +103,32 @@ func (l *Lock) Deadline() time.Time {
 	return r.g.sched.Deadline(&r.lease)
 }
 
-// Extend sets the remaining lease of a lock taken with LeaseTime to d, measured from now. It
-// returns an *OptionError for a lock held by the watchdog (it needs no extending) or for
-// d < 10 ms; an error matching ErrNotHeld when the lock is no longer ours — after Release, or
-// when its lease already ended (then it matches the cause too, ErrLeaseExpired or
-// ErrLockLost), or when the backend says so (its context then ends with ErrLockLost); or the
-// backend's error, wrapped. A lock whose context ended only
-// because the context it was acquired with did can still be extended.
+// Extend sets the remaining lease of a lock taken with LeaseTime to d, measured from now.
+// Concurrent calls are sent one after the other, so the last one to return set the lease.
+//
+// It returns ErrNotExtendable for a lock held by the watchdog (it needs no extending); an
+// *OptionError for d < 10 ms; an error matching ErrNotHeld when the lock is no longer ours —
+// after Release, or when its lease already ended (then it matches the cause too,
+// ErrLeaseExpired or ErrLockLost), or when the backend says so (its context then ends with
+// ErrLockLost); or an *OpError that wraps the backend's error. A lock whose context ended
+// only because the context it was acquired with did can still be extended.
 func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	r := l.root()
 	if r.renewed {
-		return &OptionError{Option: "Extend", Value: d, Reason: "the watchdog renews this lock; only a LeaseTime lock is extended by hand"}
+		return ErrNotExtendable
 	}
 	if d < minTTL {
 		return &OptionError{Option: "Extend", Value: d, Reason: "must be at least 10ms"}
 	}
+	r.extendMu.Lock()
+	defer r.extendMu.Unlock()
 	// The lock's context also ends with the caller's; what matters here is whether the lock
 	// itself is still ours.
 	if cause := r.lossCause(); cause != nil {
-		return fmt.Errorf("guard: extend %q: %w (%w)", r.name, ErrNotHeld, cause)
+		return &OpError{Op: "extend", Name: r.name, Err: because(ErrNotHeld, cause)}
 	}
 	if r.isReleased() {
-		return fmt.Errorf("guard: extend %q: %w", r.name, ErrNotHeld)
+		return &OpError{Op: "extend", Name: r.name, Err: ErrNotHeld}
 	}
 	start := time.Now()
 	errs := r.g.backend.Extend(ctx, []Lease{{Name: r.name, Token: r.token, TTL: d}})
@@ -135,18 +143,19 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 		if !r.g.sched.SetDeadline(&r.lease, start, d) {
 			// The deadline passed, or the lock was released, while the request was out: the
 			// lock is not to be trusted any more, whatever the backend did.
-			return fmt.Errorf("guard: extend %q: %w (%w)", r.name, ErrNotHeld, cmp.Or(r.lossCause(), error(ErrLeaseExpired)))
+			return &OpError{Op: "extend", Name: r.name, Err: because(ErrNotHeld, cmp.Or(r.lossCause(), error(ErrLeaseExpired)))}
 		}
 		r.g.event(r, LockEvent{Kind: EventExtended, Deadline: r.Deadline()})
 		return nil
-	case isNotHeld(err):
+	case errors.Is(err, ErrNotHeld):
 		r.g.sched.Remove(&r.lease)
-		cause := fmt.Errorf("%w: %q is no longer ours (found on extend)", ErrLockLost, r.name)
+		r.g.forget(r)
+		cause := fmt.Errorf("%w: no longer ours (found on extend)", ErrLockLost)
 		r.g.event(r, LockEvent{Kind: EventLost, Err: cause})
 		r.cancel(cause)
-		return fmt.Errorf("guard: extend %q: %w", r.name, err)
+		return &OpError{Op: "extend", Name: r.name, Err: err}
 	default:
-		return fmt.Errorf("guard: extend %q: %w", r.name, err)
+		return &OpError{Op: "extend", Name: r.name, Err: err}
 	}
 }
 
@@ -155,9 +164,12 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 // A reentrant handle's Release ends only that handle's context; the name stays held by the
 // outer lock.
 //
+// The release reaches the backend even when ctx is already cancelled — a handler whose
+// request ended still frees its lock — bounded by a few seconds; ctx's values are kept.
+//
 // It returns an error matching ErrNotHeld when the lock was no longer ours (then it also
-// matches the cause, ErrLockLost or ErrLeaseExpired, when that is known), or the backend's
-// error, wrapped — the lease then runs out on its own.
+// matches the cause, ErrLockLost or ErrLeaseExpired, when that is known), or an *OpError that
+// wraps the backend's error — the lease then runs out on its own.
 func (l *Lock) Release(ctx context.Context) error {
 	if !l.markReleased() {
 		return nil
@@ -168,14 +180,6 @@ func (l *Lock) Release(ctx context.Context) error {
 		return nil
 	}
 	return l.g.release(ctx, l, ErrReleased)
-}
-
-// releaseDetached releases with a context that ignores ctx's cancellation, bounded by the
-// lease: after that the lock is gone anyway.
-func (l *Lock) releaseDetached(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.root().ttl)
-	defer cancel()
-	return l.Release(rctx)
 }
 
 func (l *Lock) isReleased() bool {
@@ -228,19 +232,20 @@ func (l *Lock) reenter(ctx context.Context) *Lock {
 }
 
 // leaseOwner is a Lock as the watchdog sees it: the owner of its lease. Its methods are the
-// watchdog's callbacks, kept off Lock's own method set.
+// watchdog's callbacks, kept off Lock's own method set. They run on the watchdog's goroutine
+// and never block: observer events go out on a goroutine of their own.
 type leaseOwner Lock
 
 // Renewed reports a renewal to the observer.
 func (o *leaseOwner) Renewed(deadline time.Time) {
 	l := (*Lock)(o)
-	l.g.event(l, LockEvent{Kind: EventRenewed, Deadline: deadline})
+	l.g.eventAsync(l, LockEvent{Kind: EventRenewed, Deadline: deadline})
 }
 
 // RenewFailed reports a failed renewal to the observer.
 func (o *leaseOwner) RenewFailed(err error) {
 	l := (*Lock)(o)
-	l.g.event(l, LockEvent{Kind: EventRenewFailed, Err: err, Deadline: l.Deadline()})
+	l.g.eventAsync(l, LockEvent{Kind: EventRenewFailed, Err: err, Deadline: l.Deadline()})
 }
 
 // Ended ends the lock: the lease ended without a release.
@@ -250,16 +255,20 @@ func (o *leaseOwner) Ended(reason watchdog.EndReason, lastErr error) {
 	kind := EventLost
 	switch {
 	case reason == watchdog.Lost:
-		cause = fmt.Errorf("%w: %q is held by another owner or free", ErrLockLost, l.name)
+		cause = fmt.Errorf("%w: held by another owner or free", ErrLockLost)
+	case reason == watchdog.Suspended:
+		cause = fmt.Errorf("%w: not confirmed before its deadline: %w", ErrLockLost, lastErr)
 	case !l.renewed:
 		kind = EventLeaseExpired
-		cause = fmt.Errorf("%w: %q reached its lease time", ErrLeaseExpired, l.name)
+		cause = fmt.Errorf("%w: reached its lease time", ErrLeaseExpired)
 	case lastErr != nil:
-		cause = fmt.Errorf("%w: %q not renewed before its deadline: %w", ErrLockLost, l.name, lastErr)
+		cause = fmt.Errorf("%w: not renewed before its deadline: %w", ErrLockLost, lastErr)
 	default:
-		cause = fmt.Errorf("%w: %q not renewed before its deadline", ErrLockLost, l.name)
+		cause = fmt.Errorf("%w: not renewed before its deadline", ErrLockLost)
 	}
-	// Tell the observer first, so that the span records the loss before the work reacts to it.
-	l.g.event(l, LockEvent{Kind: kind, Err: cause})
+	l.g.forget(l)
+	// Queue the event first, so that the observer hears of the loss before it hears of the
+	// release that the work's reaction to it may bring.
+	l.g.eventAsync(l, LockEvent{Kind: kind, Err: cause})
 	l.cancel(cause)
 }

@@ -2,6 +2,8 @@ package guard
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"time"
 )
 
@@ -20,6 +22,7 @@ type Option func(*settings)
 type settings struct {
 	watchdogTimeout time.Duration
 	observer        Observer
+	instance        string
 	err             error // first invalid option
 }
 
@@ -40,6 +43,30 @@ func WithWatchdogTimeout(d time.Duration) Option {
 // provides an OpenTelemetry observer). Default: none, at no cost.
 func WithObserver(o Observer) Option {
 	return func(s *settings) { s.observer = o }
+}
+
+// WithInstance names this process in the locks it takes, for operators who ask who holds a
+// lock (Inspector, cmd/guardctl): a pod name, a service instance id. Default: the host name
+// and process id, as "host:pid". id must not be empty or longer than 256 bytes.
+func WithInstance(id string) Option {
+	return func(s *settings) {
+		if id == "" || len(id) > maxInstanceLen {
+			s.fail(&OptionError{Option: "WithInstance", Value: id, Reason: fmt.Sprintf("must be 1 to %d bytes", maxInstanceLen)})
+			return
+		}
+		s.instance = id
+	}
+}
+
+const maxInstanceLen = 256
+
+// defaultInstance returns "host:pid".
+func defaultInstance() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
 }
 
 func (s *settings) fail(err error) {
@@ -66,7 +93,6 @@ func (EmptyLockOption) applyLock(*lockSettings) {}
 type lockSettings struct {
 	leaseTime time.Duration // 0: watchdog mode
 	waitTime  time.Duration // <0: until ctx is done; 0: one attempt
-	waitSet   bool
 	minHold   time.Duration
 	label     string
 	err       error
@@ -98,7 +124,7 @@ func WaitTime(d time.Duration) LockOption {
 			s.fail(&OptionError{Option: "WaitTime", Value: d, Reason: "must not be negative"})
 			return
 		}
-		s.waitTime, s.waitSet = d, true
+		s.waitTime = d
 	})
 }
 

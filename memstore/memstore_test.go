@@ -24,7 +24,12 @@ func TestConformance(t *testing.T) {
 		},
 		Overwrite: func(_ testing.TB, name string) {
 			s.mu.Lock()
-			s.locks[name] = entry{token: "intruder", expires: time.Now().Add(time.Hour)}
+			s.locks[name] = &entry{token: "intruder", expires: time.Now().Add(time.Hour)}
+			s.mu.Unlock()
+		},
+		Wipe: func(testing.TB) {
+			s.mu.Lock()
+			clear(s.locks)
 			s.mu.Unlock()
 		},
 	})

@@ -2,19 +2,30 @@
 //
 // A Guard owns one Scheduler. Every lock it holds is a Lease in the scheduler: a lock taken
 // without a lease time is renewed every TTL/3, and a lock with a fixed lease is only watched.
-// One goroutine serves all leases: it sends the renewals that are due in one batch (one
-// backend call, which a backend turns into one round trip per node), and it ends every lease
-// whose deadline passes without a confirmed renewal — even when the backend never answers,
-// because renewals run on a separate goroutine while the scheduler keeps time.
+// One goroutine keeps time for all leases: it sends the renewals that are due in one batch per
+// partition (one backend call, which a backend turns into one round trip per node), and it
+// ends every lease whose deadline passes without a confirmed renewal — even when the backend
+// never answers, because renewals run on goroutines of their own while the scheduler keeps
+// time.
 //
 // The deadline of a lease is start + TTL − Drift(TTL), where start is read before the request
 // that set the lease was sent. The lease on the server cannot have run out before that moment,
-// as long as clocks run at about the same rate; that is the promise the Guard builds its
-// lock contexts on.
+// as long as the server's clock neither runs much faster than ours nor steps forward; that is
+// the promise the Guard builds its lock contexts on.
+//
+// One slow reply does not cost other leases their renewals: several batches may be out at
+// once, and a lease whose renewal has been out for TTL/6 is sent again in the next batch (at
+// most two requests per lease at a time); the first confirmation wins. A host that was
+// suspended (a paused VM, a laptop lid) stops Go's monotonic clock, so deadlines measured on
+// it would stretch by the pause: the scheduler compares the wall clock with the monotonic one
+// on every wake-up (at least every second while it holds leases) and moves every deadline back
+// by the time the host was away, ending the leases that ran out and renewing the rest at once.
 package watchdog
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -42,7 +53,7 @@ const (
 
 // RenewFunc extends every lease of batch to its TTL. It returns one Result per lease, in order,
 // and for Failed results the error. It must honour ctx: the scheduler cancels it at the
-// earliest deadline of the batch.
+// earliest deadline of the batch. Several calls may run at once.
 type RenewFunc func(ctx context.Context, batch []*Lease) ([]Result, []error)
 
 // EndReason says why a lease ended.
@@ -54,11 +65,19 @@ const (
 	Expired EndReason = iota
 	// Lost: the backend answered that another owner holds the name, or that it is free.
 	Lost
+	// Suspended: the host was suspended (its monotonic clock stopped) for longer than the
+	// lease had left.
+	Suspended
 )
 
-// Owner is told what happens to a Lease. The scheduler calls it from its own goroutine,
-// never two calls at once, and never after Remove has returned; it must return quickly and
-// must not call Remove.
+// ErrSuspended is the last error of a lease that the scheduler found unconfirmed because the
+// host was suspended.
+var ErrSuspended = errors.New("watchdog: the host was suspended")
+
+// Owner is told what happens to a Lease. The scheduler calls it from its own goroutine, one
+// call at a time, holding no lock: a method may call the Scheduler, but must return quickly
+// and must not block, or every other lease's deadline waits for it. A call can still arrive
+// shortly after Remove has returned; an owner that was removed ignores it.
 type Owner interface {
 	// Renewed is called after each successful renewal with the new deadline.
 	Renewed(deadline time.Time)
@@ -83,50 +102,80 @@ type Lease struct {
 	// Guarded by Scheduler.mu.
 	deadline time.Time
 	next     time.Time // next renewal; zero when not renewed
-	inFlight bool
+	inFlight int       // renewal requests out for it
+	sentAt   time.Time // when the latest of them was sent
 	lastErr  error
 	removed  bool // no longer in the scheduler
-	dropped  bool // removed by Remove: its callbacks must not run
 }
+
+// Limits of concurrent renewal requests.
+const (
+	maxPerLease = 2  // requests out for one lease: the first and one hedge
+	maxBatches  = 16 // batches out at once for a whole scheduler
+)
+
+// hedgeAfter is how long a lease's renewal may stay unanswered before it is sent again.
+func hedgeAfter(ttl time.Duration) time.Duration { return ttl / 6 }
+
+// retryAfter is how soon a failed renewal is tried again: a tenth of the TTL, at most a second.
+func retryAfter(ttl time.Duration) time.Duration { return min(ttl/10, time.Second) }
+
+// Suspension detection: the loop wakes at least every heartbeat while it holds leases, and a
+// wall clock that ran ahead of the monotonic one by more than suspendSlack (plus 1% of the
+// time between two looks, for a clock that is being slewed) means the host was away.
+const (
+	maxHeartbeat = time.Second
+	minHeartbeat = 10 * time.Millisecond
+	suspendSlack = 50 * time.Millisecond
+)
 
 // Scheduler renews and watches the leases of one Guard. Its zero value is not usable; call New.
 type Scheduler struct {
-	renew RenewFunc
+	renew     RenewFunc
+	partition func(name string) string
 
-	mu     sync.Mutex // protects leases and the fields of every Lease in it, batch and wakeAt
-	leases map[*Lease]struct{}
-	batch  bool      // a renewal batch is in flight
-	wakeAt time.Time // when timer fires; zero when it is stopped
+	mu      sync.Mutex // protects leases, the fields of every Lease in it, batches, wakeAt and the clock fields
+	leases  map[*Lease]struct{}
+	batches int       // renewal batches out
+	wakeAt  time.Time // when timer fires; zero when it is stopped
+	// The clocks at the loop's last look, to notice a suspended host, and the total time it
+	// was found away.
+	lastMono, lastWall time.Time
+	awaySum            time.Duration
+	// wallOffset is added to the wall clock; tests move it to fake a suspension.
+	wallOffset func() time.Duration
 
 	// timer wakes the loop when the next lease is due. Add arms it directly, under mu, so
 	// that taking a lock never wakes the loop's goroutine.
 	timer *time.Timer
 
-	// cbMu is held while callbacks run, so that Remove can wait for a callback in progress.
-	cbMu sync.Mutex
-
-	results chan batchResult
+	results chan batchResult // buffered for maxBatches: a renewal never blocks on the loop
 	stop    context.CancelFunc
 	done    chan struct{}
 }
 
 type batchResult struct {
 	start   time.Time
+	away    time.Duration // Scheduler.awaySum when the batch was sent
 	leases  []*Lease
 	results []Result
 	errs    []error
 }
 
-// New starts a scheduler that renews leases with renew. Stop it with Close.
-func New(renew RenewFunc) *Scheduler {
+// New starts a scheduler that renews leases with renew. partition, when not nil, names the
+// server each lease lives on: the leases of different partitions are renewed in separate calls
+// of renew, so that a slow server delays only its own. Stop the scheduler with Close.
+func New(renew RenewFunc, partition func(name string) string) *Scheduler {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Scheduler{
-		renew:   renew,
-		leases:  make(map[*Lease]struct{}),
-		timer:   time.NewTimer(time.Hour),
-		results: make(chan batchResult, 1),
-		stop:    cancel,
-		done:    make(chan struct{}),
+		renew:      renew,
+		partition:  partition,
+		leases:     make(map[*Lease]struct{}),
+		wallOffset: func() time.Duration { return 0 },
+		timer:      time.NewTimer(time.Hour),
+		results:    make(chan batchResult, maxBatches),
+		stop:       cancel,
+		done:       make(chan struct{}),
 	}
 	s.timer.Stop()
 	go s.loop(ctx)
@@ -137,6 +186,7 @@ func New(renew RenewFunc) *Scheduler {
 func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 	s.mu.Lock()
 	l.deadline = Deadline(start, ttl)
+	l.removed, l.inFlight, l.lastErr = false, 0, nil
 	if l.TTL > 0 {
 		l.next = start.Add(l.TTL / 3)
 	}
@@ -150,16 +200,17 @@ func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 }
 
 // SetDeadline moves the deadline of a watched lease after the caller extended it by a request
-// sent at start. It reports false when the lease already ended.
+// sent at start. It reports false when the lease already ended, or when the new deadline has
+// passed already (the lease then ends at once).
 func (s *Scheduler) SetDeadline(l *Lease, start time.Time, ttl time.Duration) bool {
 	s.mu.Lock()
-	_, ok := s.leases[l]
-	if ok {
-		l.deadline = Deadline(start, ttl)
-		s.arm(l.deadline)
+	defer s.mu.Unlock()
+	if _, ok := s.leases[l]; !ok {
+		return false
 	}
-	s.mu.Unlock()
-	return ok
+	l.deadline = Deadline(start, ttl)
+	s.arm(l.deadline)
+	return time.Now().Before(l.deadline)
 }
 
 // Deadline returns the current deadline of l.
@@ -169,15 +220,13 @@ func (s *Scheduler) Deadline(l *Lease) time.Time {
 	return l.deadline
 }
 
-// Remove stops watching l. No callback of l runs after Remove returns.
+// Remove stops watching l. It does not wait: an owner callback already on its way may still
+// arrive (see Owner).
 func (s *Scheduler) Remove(l *Lease) {
 	s.mu.Lock()
-	l.removed, l.dropped = true, true
+	l.removed = true
 	delete(s.leases, l)
 	s.mu.Unlock()
-	// Wait for a callback that may be running for l right now; later ones see dropped.
-	s.cbMu.Lock()
-	s.cbMu.Unlock() //nolint:staticcheck // an empty critical section is the point: a barrier
 }
 
 // Len returns the number of leases watched.
@@ -187,7 +236,7 @@ func (s *Scheduler) Len() int {
 	return len(s.leases)
 }
 
-// Close stops the scheduler and waits for its goroutines, including a renewal in flight. The
+// Close stops the scheduler and waits for its goroutines, including renewals in flight. The
 // leases still watched end without callbacks.
 func (s *Scheduler) Close() {
 	s.stop()
@@ -225,13 +274,28 @@ func (s *Scheduler) loop(ctx context.Context) {
 	}
 }
 
-// step ends the leases past their deadline, starts a renewal batch when one is due, and
-// arms the timer for when the loop must look again.
+// step notices a suspension, ends the leases past their deadline, sends the renewals that are
+// due, and arms the timer for when the loop must look again.
 func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callback {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	var cbs []callback
+	if away := s.away(now); away > 0 {
+		s.awaySum += away
+		for l := range s.leases {
+			l.deadline = l.deadline.Add(-away)
+			if !now.Before(l.deadline) {
+				l.lastErr = fmt.Errorf("%w for %v", ErrSuspended, away.Round(time.Millisecond))
+				cbs = append(cbs, s.end(l, Suspended))
+				continue
+			}
+			if l.TTL > 0 {
+				l.next = now // confirm it at once
+			}
+		}
+	}
+
 	var next time.Time
 	earlier := func(t time.Time) {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
@@ -239,48 +303,40 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 		}
 	}
 	due := false
+	minTTL := time.Duration(0)
 	for l := range s.leases {
 		if !now.Before(l.deadline) {
 			cbs = append(cbs, s.end(l, Expired))
 			continue
 		}
 		earlier(l.deadline)
-		if l.TTL > 0 && !l.inFlight && !now.Before(l.next) {
+		ttl := l.TTL
+		if ttl == 0 {
+			ttl = l.deadline.Sub(now)
+		}
+		if minTTL == 0 || ttl < minTTL {
+			minTTL = ttl
+		}
+		if s.renewable(l, now, 0) {
 			due = true
 		}
 	}
-	if due && !s.batch {
-		// Renew every lease that is due now or would be due soon, so that leases taken at
-		// different moments share round trips instead of each paying its own.
-		var batch []*Lease
-		var first time.Time // earliest deadline in the batch
-		for l := range s.leases {
-			if l.TTL > 0 && !l.inFlight && now.Add(l.TTL/6).After(l.next) {
-				l.inFlight = true
-				batch = append(batch, l)
-				if first.IsZero() || l.deadline.Before(first) {
-					first = l.deadline
-				}
-			}
-		}
-		s.batch = true
-		inflight.Add(1)
-		go func() {
-			defer inflight.Done()
-			rctx, cancel := context.WithDeadline(ctx, first)
-			defer cancel()
-			start := time.Now()
-			res, errs := s.renew(rctx, batch)
-			select {
-			case s.results <- batchResult{start: start, leases: batch, results: res, errs: errs}:
-			case <-ctx.Done():
-			}
-		}()
+	if due && s.batches < maxBatches {
+		s.send(ctx, inflight, now)
 	}
 	for l := range s.leases {
-		if l.TTL > 0 && !l.inFlight && !s.batch {
-			earlier(l.next)
+		if l.TTL == 0 {
+			continue
 		}
+		switch {
+		case l.inFlight == 0:
+			earlier(l.next)
+		case l.inFlight < maxPerLease:
+			earlier(l.sentAt.Add(hedgeAfter(l.TTL)))
+		}
+	}
+	if len(s.leases) > 0 {
+		earlier(now.Add(min(max(minTTL/10, minHeartbeat), maxHeartbeat)))
 	}
 	s.wakeAt = next
 	if next.IsZero() {
@@ -291,15 +347,97 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	return cbs
 }
 
-// settle applies the answers of a renewal batch.
+// away returns how long the host was suspended since the loop's last look, or 0. s.mu must be
+// held.
+func (s *Scheduler) away(now time.Time) time.Duration {
+	wall := now.Round(0).Add(s.wallOffset())
+	lastMono, lastWall := s.lastMono, s.lastWall
+	s.lastMono, s.lastWall = now, wall
+	if lastMono.IsZero() {
+		return 0
+	}
+	mono := now.Sub(lastMono)
+	if gap := wall.Sub(lastWall) - mono; gap > suspendSlack+mono/100 {
+		return gap
+	}
+	return 0
+}
+
+// renewable reports whether l should go into a batch sent at now: it is renewed, not past its
+// deadline, and either due within early (and nothing is out for it) or out for so long that it
+// is sent again. s.mu must be held.
+func (s *Scheduler) renewable(l *Lease, now time.Time, early time.Duration) bool {
+	if l.TTL == 0 {
+		return false
+	}
+	switch {
+	case l.inFlight == 0:
+		return now.Add(early).After(l.next) || now.Equal(l.next)
+	case l.inFlight < maxPerLease:
+		return !now.Before(l.sentAt.Add(hedgeAfter(l.TTL)))
+	}
+	return false
+}
+
+// send starts one renewal batch per partition with every lease that is due now or would be due
+// soon, so that leases taken at different moments share round trips. s.mu must be held.
+func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time.Time) {
+	var order []string
+	groups := make(map[string][]*Lease)
+	for l := range s.leases {
+		if !s.renewable(l, now, l.TTL/6) {
+			continue
+		}
+		p := ""
+		if s.partition != nil {
+			p = s.partition(l.Name)
+		}
+		if _, ok := groups[p]; !ok {
+			order = append(order, p)
+		}
+		groups[p] = append(groups[p], l)
+	}
+	for _, p := range order {
+		if s.batches >= maxBatches {
+			return // the rest go when a batch comes back
+		}
+		batch := groups[p]
+		var first time.Time // earliest deadline in the batch
+		for _, l := range batch {
+			l.inFlight++
+			l.sentAt = now
+			if first.IsZero() || l.deadline.Before(first) {
+				first = l.deadline
+			}
+		}
+		s.batches++
+		inflight.Add(1)
+		away := s.awaySum
+		go func() {
+			defer inflight.Done()
+			rctx, cancel := context.WithDeadline(ctx, first)
+			defer cancel()
+			start := time.Now()
+			res, errs := s.renew(rctx, batch)
+			// Never blocks: at most maxBatches are out, and the channel holds that many.
+			s.results <- batchResult{start: start, away: away, leases: batch, results: res, errs: errs}
+		}()
+	}
+}
+
+// settle applies the answers of a renewal batch. A lease renewed by two requests keeps the
+// later deadline: whatever order the server ran them in, its lease ends no sooner than the
+// later start plus the TTL. A batch that was out while the host was found suspended counts
+// from a start moved back by the time away: its start was read on the stopped clock.
 func (s *Scheduler) settle(r batchResult) []callback {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.batch = false
+	s.batches--
 	now := time.Now()
+	r.start = r.start.Add(-(s.awaySum - r.away))
 	var cbs []callback
 	for i, l := range r.leases {
-		l.inFlight = false
+		l.inFlight--
 		if l.removed {
 			continue
 		}
@@ -312,8 +450,10 @@ func (s *Scheduler) settle(r batchResult) []callback {
 		}
 		switch res {
 		case Renewed:
-			l.deadline = Deadline(r.start, l.TTL)
-			l.next = r.start.Add(l.TTL / 3)
+			if d := Deadline(r.start, l.TTL); d.After(l.deadline) {
+				l.deadline = d
+				l.next = r.start.Add(l.TTL / 3)
+			}
 			l.lastErr = nil
 			if o, d := l.Owner, l.deadline; o != nil {
 				cbs = append(cbs, callback{l, func() { o.Renewed(d) }})
@@ -321,9 +461,13 @@ func (s *Scheduler) settle(r batchResult) []callback {
 		case NotHeld:
 			cbs = append(cbs, s.end(l, Lost))
 		default:
+			if err == nil {
+				err = errors.New("watchdog: no answer for this lease")
+			}
 			l.lastErr = err
-			// Try again soon, but not in a tight loop: a tenth of the TTL, at most a second.
-			l.next = now.Add(min(l.TTL/10, time.Second))
+			if l.inFlight == 0 {
+				l.next = now.Add(retryAfter(l.TTL))
+			}
 			if o := l.Owner; o != nil {
 				cbs = append(cbs, callback{l, func() { o.RenewFailed(err) }})
 			}
@@ -343,21 +487,10 @@ func (s *Scheduler) end(l *Lease, reason EndReason) callback {
 	return callback{l, func() { o.Ended(reason, err) }}
 }
 
-// run makes the callbacks, one at a time, under cbMu.
+// run makes the callbacks, one at a time, holding no lock.
 func (s *Scheduler) run(cbs []callback) {
-	if len(cbs) == 0 {
-		return
-	}
-	s.cbMu.Lock()
-	defer s.cbMu.Unlock()
 	for _, cb := range cbs {
-		if cb.f == nil {
-			continue
-		}
-		s.mu.Lock()
-		dropped := cb.l.dropped
-		s.mu.Unlock()
-		if !dropped {
+		if cb.f != nil {
 			cb.f()
 		}
 	}

@@ -115,7 +115,7 @@ func TestRenewsEveryThirdOfTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 30 * time.Second
 		f := &fakeBackend{}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
@@ -135,7 +135,7 @@ func TestBatchesLeasesThatAreDueSoon(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 30 * time.Second
 		f := &fakeBackend{}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
@@ -157,7 +157,7 @@ func TestEndsAtDeadlineWhenBackendNeverAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 30 * time.Second
 		f := &fakeBackend{blocked: true}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
@@ -178,7 +178,7 @@ func TestEndsAtOnceWhenNotHeld(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 3 * time.Second
 		f := &fakeBackend{answer: func(*Lease) (Result, error) { return NotHeld, nil }}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
@@ -202,7 +202,7 @@ func TestRetriesTransientFailures(t *testing.T) {
 			}
 			return Renewed, nil
 		}}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		var failures, renewals atomic.Int32
@@ -230,7 +230,7 @@ func TestLastFailureIsReportedAtExpiry(t *testing.T) {
 		const ttl = time.Second
 		boom := errors.New("i/o timeout")
 		f := &fakeBackend{answer: func(*Lease) (Result, error) { return Failed, boom }}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
@@ -248,7 +248,7 @@ func TestFixedLeaseIsOnlyWatched(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lease = 5 * time.Second
 		f := &fakeBackend{}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
@@ -270,7 +270,7 @@ func TestRemoveStopsCallbacks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = time.Second
 		f := &fakeBackend{}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		var renewed atomic.Int32
@@ -291,7 +291,7 @@ func TestCloseWaitsForRenewalInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 30 * time.Second
 		f := &fakeBackend{blocked: true}
-		s := New(f.renew)
+		s := New(f.renew, nil)
 		var e ends
 		s.Add(e.lease("a", ttl), time.Now(), ttl)
 		time.Sleep(ttl/3 + time.Second)

@@ -30,6 +30,9 @@ type Harness struct {
 	Delete func(tb testing.TB, name string)
 	// Overwrite makes name held by another token behind its holder's back.
 	Overwrite func(tb testing.TB, name string)
+	// Wipe loses every lock and fence of the backend, as a server restarted without
+	// persistence, or an operator reclaiming state, would.
+	Wipe func(tb testing.TB)
 	// Killable starts a dedicated server and returns a backend on it and a function that
 	// kills the server (SIGKILL). Nil for a backend without a server (memstore).
 	Killable func(tb testing.TB) (Target, func())
@@ -43,6 +46,11 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Loss", func(t *testing.T) { testLoss(t, h) })
 	t.Run("LeaseTime", func(t *testing.T) { testLeaseTime(t, h) })
 	t.Run("MinHold", func(t *testing.T) { testMinHold(t, h) })
+	t.Run("MinHoldRenewalInFlight", func(t *testing.T) { testMinHoldRenewalInFlight(t, h) })
+	t.Run("MinHoldWaiter", func(t *testing.T) { testMinHoldWaiter(t, h) })
+	t.Run("OwnRetry", func(t *testing.T) { testOwnRetry(t, h) })
+	t.Run("FenceAfterDataLoss", func(t *testing.T) { testFenceAfterDataLoss(t, h) })
+	t.Run("Inspect", func(t *testing.T) { testInspect(t, h) })
 	t.Run("Waiting", func(t *testing.T) { testWaiting(t, h) })
 	t.Run("Reentrancy", func(t *testing.T) { testReentrancy(t, h) })
 	t.Run("RoundTrips", func(t *testing.T) { testRoundTrips(t, h) })
@@ -71,9 +79,10 @@ func newGuard(t testing.TB, h Harness, opts ...guard.Option) (*guard.Guard, Targ
 
 // recorder is an Observer that keeps what the suite checks: acquisitions and lock events.
 type recorder struct {
-	mu     sync.Mutex // protects acqs and events
-	acqs   []guard.Acquisition
-	events []recorded
+	mu      sync.Mutex // protects acqs, events and changed
+	acqs    []guard.Acquisition
+	events  []recorded
+	changed chan struct{} // closed (and replaced) when an event comes in
 }
 
 type recorded struct {
@@ -95,7 +104,34 @@ func (r *recorder) AcquireEnd(ctx context.Context, a *guard.Acquisition, _ *guar
 func (r *recorder) LockEvent(l *guard.Lock, e guard.LockEvent) {
 	r.mu.Lock()
 	r.events = append(r.events, recorded{name: l.Name(), ev: e})
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
 	r.mu.Unlock()
+}
+
+// awaitEvent waits until the observer has heard an event of kind k for name, and returns the
+// events of that kind: the Guard delivers the watchdog's events on a goroutine of its own.
+func (r *recorder) awaitEvent(t testing.TB, name string, k guard.EventKind) []guard.LockEvent {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		r.mu.Lock()
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		changed := r.changed
+		r.mu.Unlock()
+		if evs := r.eventsOf(name, k); len(evs) > 0 {
+			return evs
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("no %v event for %q", k, name)
+		}
+	}
 }
 
 // eventsOf returns the events of kind k for name.
@@ -140,8 +176,8 @@ func NewSpy(b guard.Backend, buffer int) *Spy {
 func (s *Spy) Busy() <-chan struct{} { return s.busy }
 
 // Acquire is the backend's Acquire, reporting busy answers.
-func (s *Spy) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
-	fence, err := s.Backend.Acquire(ctx, name, token, ttl)
+func (s *Spy) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
+	fence, err := s.Backend.Acquire(ctx, r)
 	if errors.Is(err, guard.ErrNotAcquired) {
 		select {
 		case s.busy <- struct{}{}:
@@ -152,12 +188,12 @@ func (s *Spy) Acquire(ctx context.Context, name, token string, ttl time.Duration
 }
 
 // Subscribe is the backend's Subscribe, or an error when it has none.
-func (s *Spy) Subscribe(released func(string)) (guard.Subscription, error) {
+func (s *Spy) Subscribe(notify func(guard.Notice)) (guard.Subscription, error) {
 	n, ok := s.Backend.(guard.Notifier)
 	if !ok {
 		return nil, errNoNotifications
 	}
-	return n.Subscribe(released)
+	return n.Subscribe(notify)
 }
 
 var errNoNotifications = errors.New("locktest: the backend has no release notifications")
