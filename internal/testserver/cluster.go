@@ -242,7 +242,8 @@ func (c *Cluster) Replica(tb testing.TB, i int) *Redis {
 // master.
 func (c *Cluster) Failover(tb testing.TB, i int) *Redis {
 	tb.Helper()
-	oldMaster, replica := c.Master(tb, i), c.Replica(tb, i)
+	replica := c.Replica(tb, i)
+	oldMaster := c.Master(tb, i)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	rdb := newNodeClient(replica.Addr)

@@ -83,19 +83,8 @@ func TestClusterWithReplicas(t *testing.T) {
 	})
 }
 
-func TestClusterFailoverNeedsReplicas(t *testing.T) {
-	c := StartCluster(t)
-	tb := &fatalRecorder{TB: t}
-	ran := make(chan struct{})
-	go func() { // Fatalf ends the goroutine that calls it
-		defer close(ran)
-		c.Failover(tb, 0)
-	}()
-	<-ran
-	assert.Contains(t, tb.fatal, "StartClusterWithReplicas")
-}
-
-// fatalRecorder is a testing.TB whose Fatalf records the message and ends the goroutine.
+// fatalRecorder is a testing.TB whose Fatalf records the message and ends the goroutine
+// that called it, as testing's does.
 type fatalRecorder struct {
 	testing.TB
 	fatal string
@@ -105,7 +94,18 @@ func (f *fatalRecorder) Helper() {}
 
 func (f *fatalRecorder) Fatalf(format string, args ...any) {
 	f.fatal = fmt.Sprintf(format, args...)
-	runtimeGoexit()
+	runtime.Goexit()
 }
 
-var runtimeGoexit = runtime.Goexit
+// fatal runs f with a fatalRecorder in a goroutine of its own and returns what it passed
+// to Fatalf ("" for nothing).
+func fatal(t *testing.T, f func(tb testing.TB)) string {
+	tb := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(tb)
+	}()
+	<-done
+	return tb.fatal
+}

@@ -50,6 +50,11 @@ func TestStartCluster(t *testing.T) {
 		}
 		assert.Len(t, owners, 3, "masters seen from %s", addr)
 	}
+	for i := range 3 {
+		assert.Equal(t, c.Nodes[i], c.Master(t, i))
+	}
+	assert.Contains(t, fatal(t, func(tb testing.TB) { c.Failover(tb, 0) }), "StartClusterWithReplicas",
+		"a failover without replicas")
 }
 
 func TestStartSentinel(t *testing.T) {

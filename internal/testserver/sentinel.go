@@ -179,20 +179,26 @@ func (g *SentinelGroup) Replica(tb testing.TB) *Redis {
 	return g.Nodes[0]
 }
 
-// Failover asks a sentinel for a failover (SENTINEL FAILOVER: no agreement needed, the
+// Failover asks a running sentinel for a failover (SENTINEL FAILOVER: no agreement needed, the
 // primary keeps running) — retrying while the sentinel has no replica it may promote yet —
 // and waits as WaitFailover does. It returns the new primary. The old primary becomes a
 // replica later; WaitReplica waits for that.
 func (g *SentinelGroup) Failover(tb testing.TB) *Redis {
 	tb.Helper()
 	old := g.Primary(tb)
+	var s *Process
+	for _, s = range g.Sentinels {
+		if !s.Exited() && !s.isPaused() {
+			break
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	sc := newSentinelClient(g.Addrs[0])
+	sc := newSentinelClient(s.Addr)
 	defer sc.Close()
 	err := poll(ctx, 50*time.Millisecond, func() error { return sc.Failover(ctx, g.MasterName).Err() })
 	if err != nil {
-		tb.Fatalf("testserver: SENTINEL FAILOVER on %s: %v", g.Addrs[0], err)
+		tb.Fatalf("testserver: SENTINEL FAILOVER on %s: %v", s.Addr, err)
 	}
 	return g.WaitFailover(tb, old)
 }
