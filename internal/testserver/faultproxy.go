@@ -18,10 +18,9 @@ import (
 // client connection (one read call), not a parsed message: a request a client sends in one
 // write usually arrives as one chunk on loopback, and a pipeline as one chunk holding several
 // requests. MatchCommand and MatchEvalSha build match functions for Redis (RESP),
-// MatchMongoCommand for the MongoDB wire protocol. The
-// reply-side faults act on what the server sends next on that connection, so they fit
-// clients that wait for a reply before they send the next request on a connection, as
-// go-redis does.
+// MatchMongoCommand for the MongoDB wire protocol. The reply-side faults act on what the
+// server sends next on that connection, so they fit clients that wait for a reply before
+// they send the next request on a connection, as go-redis does.
 //
 // The proxy dials the server once per client connection, when the client connects, and
 // relays each direction in order. A connection ends, on both sides, when either side closes
