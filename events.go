@@ -19,6 +19,9 @@ type mailbox struct {
 	queue  []LockEvent
 	busy   bool // someone is delivering
 	closed bool // EventReleased was queued
+	// first backs queue while it is short: most locks see one event (their release), and
+	// queuing it must not cost an allocation.
+	first [1]LockEvent
 }
 
 // event reports e for l to the observer, delivering it on this goroutine unless the lock's
@@ -52,6 +55,9 @@ func (m *mailbox) put(e LockEvent) bool {
 	}
 	if e.Kind == EventReleased {
 		m.closed = true
+	}
+	if m.queue == nil {
+		m.queue = m.first[:0]
 	}
 	m.queue = append(m.queue, e)
 	if m.busy {

@@ -468,7 +468,7 @@ type failing struct{}
 
 var errDown = errors.New("dial tcp 10.0.0.9:6379: connection refused")
 
-func (failing) Acquire(context.Context, string, string, time.Duration) (uint64, error) {
+func (failing) Acquire(context.Context, guard.Request) (uint64, error) {
 	return 0, errDown
 }
 

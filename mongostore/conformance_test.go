@@ -44,6 +44,10 @@ func harness(tb testing.TB, srv *testserver.Mongo) locktest.Harness {
 			require.NoError(tb, err)
 			require.EqualValues(tb, 1, res.MatchedCount, "no lock %q to overwrite", name)
 		},
+		Wipe: func(tb testing.TB) {
+			_, err := admin.DeleteMany(tb.Context(), bson.D{})
+			require.NoError(tb, err)
+		},
 		Killable: func(tb testing.TB) (locktest.Target, func()) {
 			// A dedicated FerretDB even when MONGODB_URI is set: that server cannot be killed.
 			dedicated := testserver.StartFerretDB(tb)

@@ -24,14 +24,13 @@ func ExampleNew() {
 	}
 	defer client.Disconnect(ctx)
 
-	store := mongostore.New(client.Database("app").Collection("locks"),
-		mongostore.WithInstance(os.Getenv("HOSTNAME")))
+	store := mongostore.New(client.Database("app").Collection("locks"))
 	// Optional: measure the server's clock now rather than on the first lock operation.
 	if err := store.SyncClock(ctx); err != nil {
 		log.Fatal(err)
 	}
 
-	g := guard.New(store)
+	g := guard.New(store, guard.WithInstance(os.Getenv("HOSTNAME")))
 	defer g.Close(ctx)
 
 	err = g.Do(ctx, "report:nightly", func(ctx context.Context) error {

@@ -2,10 +2,8 @@ package mongostore
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -19,74 +17,68 @@ import (
 	"github.com/guardlock/guard"
 )
 
-var _ guard.Backend = (*Store)(nil)
+var (
+	_ guard.Backend   = (*Store)(nil)
+	_ guard.Inspector = (*Store)(nil)
+)
 
 // Field names of a lock document; see the package documentation for the schema.
 const (
 	fieldID       = "_id"
 	fieldOwner    = "owner"
 	fieldFence    = "fence"
+	fieldEpoch    = "epoch"
 	fieldExpires  = "expires"
 	fieldAcquired = "acquired"
-	fieldHost     = "host"
-	fieldPID      = "pid"
 	fieldInstance = "instance"
+	fieldLabel    = "label"
 	fieldRenewal  = "renewal"
 )
+
+// keptOwner is the owner of a lock kept for the rest of a MinHold window: no token is equal to
+// it (tokens are base32), so no renewal of the old owner can match it.
+const keptOwner = "(kept)"
 
 // DefaultClockRefresh is how often a Store measures the server's clock again by default.
 const DefaultClockRefresh = time.Minute
 
+// MinReclaimIdle is the shortest idle time Reclaim accepts: a fence restarted from the clock
+// must lie above the reclaimed one even if two stores' estimates of the server's clock
+// disagree.
+const MinReclaimIdle = time.Minute
+
+// ErrReclaimIdle reports a Reclaim with an idle time below MinReclaimIdle.
+var ErrReclaimIdle = errors.New("mongostore: reclaim idle time below a minute")
+
 // Store keeps locks in a MongoDB collection, one document per lock name. It is safe for
 // concurrent use. Create it with New.
 type Store struct {
-	coll     *mongo.Collection // with the store's write concern, primary reads, local read concern
-	host     string
-	pid      int
-	instance string
-	clock    clock
+	coll  *mongo.Collection // with the store's write concern, primary reads, local read concern
+	clock clock
 }
 
-// Option configures a Store. Pass options to New.
+// Option configures a Store. Pass options to New, which validates them.
 type Option func(*settings)
 
 type settings struct {
-	wc       *writeconcern.WriteConcern
-	instance string
-	refresh  time.Duration
+	wc      *writeconcern.WriteConcern
+	refresh time.Duration
 }
 
 // WithWriteConcern sets the write concern of every lock write. Default: majority, so that a
 // lock survives the failover of a replica set's primary. A weaker concern (w:1) is faster
 // but a primary that fails before replicating an acquisition can come back without it, and
-// a second owner can then take the same name with the same fence. An unacknowledged concern
-// (w:0) cannot tell a lock taken from a busy one, so New rejects it.
+// a second owner can then take the same name. An unacknowledged concern (w:0) cannot tell a
+// lock taken from a busy one, so New rejects it.
 func WithWriteConcern(wc *writeconcern.WriteConcern) Option {
-	return func(s *settings) {
-		if wc == nil || !wc.Acknowledged() {
-			panic("guard/mongostore: WithWriteConcern needs an acknowledged write concern")
-		}
-		s.wc = wc
-	}
-}
-
-// WithInstance sets the instance recorded in the documents of the locks this Store takes,
-// beside the host name and process id, for people who look at the collection (a pod name, a
-// service instance id). Default: a random id per Store.
-func WithInstance(id string) Option {
-	return func(s *settings) { s.instance = id }
+	return func(s *settings) { s.wc = wc }
 }
 
 // WithClockRefresh sets how often the Store measures the server's clock again (see
 // Store.SyncClock); the operation that finds the measurement older than d runs it first, one
 // extra round trip. Default: DefaultClockRefresh (1 min). d must be positive.
 func WithClockRefresh(d time.Duration) Option {
-	return func(s *settings) {
-		if d <= 0 {
-			panic(fmt.Sprintf("guard/mongostore: WithClockRefresh(%v): must be positive", d))
-		}
-		s.refresh = d
-	}
+	return func(s *settings) { s.refresh = d }
 }
 
 // New returns a Store that keeps its locks in coll. It does no I/O: the first operation
@@ -102,70 +94,76 @@ func New(coll *mongo.Collection, opts ...Option) *Store {
 			o(&s)
 		}
 	}
-	if s.instance == "" {
-		s.instance = rand.Text()[:16]
+	if s.wc == nil || !s.wc.Acknowledged() {
+		panic("guard/mongostore: WithWriteConcern needs an acknowledged write concern")
 	}
-	host, _ := os.Hostname()
+	if s.refresh <= 0 {
+		panic(fmt.Sprintf("guard/mongostore: WithClockRefresh(%v): must be positive", s.refresh))
+	}
 	st := &Store{
 		coll: coll.Clone(options.Collection().
 			SetWriteConcern(s.wc).
 			// Our own reads (Extend's fallback) must see our own writes.
 			SetReadPreference(readpref.Primary()).
 			SetReadConcern(readconcern.Local())),
-		host:     host,
-		pid:      os.Getpid(),
-		instance: s.instance,
 	}
 	st.clock.db = coll.Database()
 	st.clock.refresh = s.refresh
+	st.clock.wallOffset = func() time.Duration { return 0 }
 	return st
 }
 
-// Acquire takes name for token when its document is free (no owner) or its lease has run out
-// by the server's clock, in one findAndModify: a conditional upsert that matches the document
-// only when it may be taken, increments its fence and sets owner, expiry and holder metadata.
-// When the name is held the upsert collides with the existing document (duplicate key), and
-// Acquire returns a *guard.BusyError with Remaining 0: reading the holder's expiry would cost a
-// second round trip.
+// Acquire takes r.Name for r.Token when its document is free (no owner) or its lease has run
+// out by the server's clock — or r.Token holds it already (a retried request) — in one
+// findAndModify: a conditional upsert that matches the document only when it may be taken,
+// increments its fence and sets owner, expiry and holder metadata. When the name is held the
+// upsert collides with the existing document (duplicate key), and Acquire returns a
+// *guard.BusyError with Remaining 0: reading the holder's expiry would cost a second round trip.
 //
-// Other errors are wrapped driver errors, including the context's.
-func (s *Store) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
+// The fence is the document's epoch plus its counter: the epoch is the server's time in
+// microseconds when the document was created, so that a name whose document was deleted
+// (Reclaim, or an operator) starts again above every fence it had.
+//
+// Other errors are the driver's, including the context's.
+func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	now, err := s.clock.now(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("guard/mongostore: acquire %q: %w", name, err)
+		return 0, err
 	}
 	filter := bson.D{
-		{Key: fieldID, Value: name},
+		{Key: fieldID, Value: r.Name},
 		{Key: "$or", Value: bson.A{
 			bson.D{{Key: fieldOwner, Value: ""}},
 			bson.D{{Key: fieldExpires, Value: bson.D{{Key: "$lte", Value: now}}}},
+			bson.D{{Key: fieldOwner, Value: r.Token}},
 		}},
 	}
 	update := bson.D{
 		{Key: "$set", Value: bson.D{
-			{Key: fieldOwner, Value: token},
-			{Key: fieldExpires, Value: expiry(now, ttl)},
+			{Key: fieldOwner, Value: r.Token},
+			{Key: fieldExpires, Value: expiry(now, r.TTL)},
 			{Key: fieldAcquired, Value: now},
-			{Key: fieldHost, Value: s.host},
-			{Key: fieldPID, Value: s.pid},
-			{Key: fieldInstance, Value: s.instance},
+			{Key: fieldInstance, Value: r.Instance},
+			{Key: fieldLabel, Value: r.Label},
 		}},
 		{Key: "$inc", Value: bson.D{{Key: fieldFence, Value: int64(1)}}},
+		{Key: "$setOnInsert", Value: bson.D{{Key: fieldEpoch, Value: now.UnixMicro()}}},
 	}
 	// No projection: FerretDB does not implement findAndModify's "fields", and the whole
 	// document is small.
 	opts := options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)
 	var doc struct {
 		Fence int64 `bson:"fence"`
+		Epoch int64 `bson:"epoch"`
 	}
 	err = s.coll.FindOneAndUpdate(ctx, filter, update, opts).Decode(&doc)
 	switch {
 	case err == nil:
-		return uint64(doc.Fence), nil
+		return uint64(doc.Epoch) + uint64(doc.Fence), nil
 	case mongo.IsDuplicateKeyError(err):
-		return 0, &guard.BusyError{Name: name}
+		return 0, &guard.BusyError{Name: r.Name}
 	default:
-		return 0, fmt.Errorf("guard/mongostore: acquire %q: %w", name, err)
+		return 0, err
 	}
 }
 
@@ -183,9 +181,9 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 		return errs
 	}
 	fail := func(err error) []error {
-		for i, l := range leases {
+		for i := range leases {
 			if errs[i] == nil {
-				errs[i] = fmt.Errorf("guard/mongostore: extend %q: %w", l.Name, err)
+				errs[i] = err
 			}
 		}
 		return errs
@@ -220,7 +218,7 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 		}
 		for _, we := range bwe.WriteErrors {
 			if we.Index >= 0 && we.Index < len(errs) && errs[we.Index] == nil {
-				errs[we.Index] = fmt.Errorf("guard/mongostore: extend %q: %w", leases[we.Index].Name, we)
+				errs[we.Index] = we
 				failed++
 			}
 		}
@@ -229,9 +227,9 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 	case len(leases) - failed:
 		return errs // every lease without a write error was extended
 	case 0:
-		for i, l := range leases {
+		for i := range leases {
 			if errs[i] == nil {
-				errs[i] = notHeld(l.Name)
+				errs[i] = guard.ErrNotHeld
 			}
 		}
 		return errs
@@ -260,9 +258,9 @@ func (s *Store) resolveExtend(ctx context.Context, leases []guard.Lease, expires
 		err = cur.All(ctx, &docs)
 	}
 	if err != nil {
-		for i, l := range leases {
+		for i := range leases {
 			if errs[i] == nil {
-				errs[i] = fmt.Errorf("guard/mongostore: extend %q: reading the outcome: %w", l.Name, err)
+				errs[i] = fmt.Errorf("reading the outcome of a renewal: %w", err)
 			}
 		}
 		return errs
@@ -277,23 +275,22 @@ func (s *Store) resolveExtend(ctx context.Context, leases []guard.Lease, expires
 		}
 		d, ok := byName[l.Name]
 		if !ok || d.Owner != l.Token || (d.Renewal != call && d.Expires.Before(expires[i])) {
-			errs[i] = notHeld(l.Name)
+			errs[i] = guard.ErrNotHeld
 		}
 	}
 	return errs
 }
 
 // Release frees name if token holds it and its lease has not run out, in one update that
-// keeps the document (and so its fence) and clears its owner. With keep > 0 it instead sets
-// the lease to end keep from now, under the same owner, so that nobody takes the name before
-// then.
+// keeps the document (and so its fence) and clears its owner. With keep > 0 it instead hands
+// the document to an owner no token matches, with a lease that ends keep from now, so that
+// nobody takes the name before then and no renewal of token still on the wire can shorten it.
 //
-// It returns an error matching guard.ErrNotHeld when token does not hold name, or a wrapped
-// driver error.
+// It returns guard.ErrNotHeld when token does not hold name, or the driver's error.
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
 	now, err := s.clock.now(ctx)
 	if err != nil {
-		return fmt.Errorf("guard/mongostore: release %q: %w", name, err)
+		return err
 	}
 	filter := bson.D{
 		{Key: fieldID, Value: name},
@@ -302,16 +299,39 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 	}
 	set := bson.D{{Key: fieldOwner, Value: ""}, {Key: fieldExpires, Value: now}}
 	if keep > 0 {
-		set = bson.D{{Key: fieldExpires, Value: expiry(now, keep)}}
+		set = bson.D{{Key: fieldOwner, Value: keptOwner}, {Key: fieldExpires, Value: expiry(now, keep)}}
 	}
 	res, err := s.coll.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}})
 	if err != nil {
-		return fmt.Errorf("guard/mongostore: release %q: %w", name, err)
+		return err
 	}
 	if res.MatchedCount == 0 {
-		return notHeld(name)
+		return guard.ErrNotHeld
 	}
 	return nil
+}
+
+// Reclaim deletes the documents of names that have been free for longer than idle, so that a
+// service that locks one name per request does not grow the collection forever. Fences stay in
+// order: a name taken again gets a new document whose epoch, the server's time, lies above
+// every fence the old one gave (see Acquire). idle must be at least MinReclaimIdle, which
+// covers the uncertainty of two stores' estimates of the server's clock; otherwise Reclaim
+// returns ErrReclaimIdle. It returns how many documents it deleted.
+func (s *Store) Reclaim(ctx context.Context, idle time.Duration) (int64, error) {
+	if idle < MinReclaimIdle {
+		return 0, fmt.Errorf("%w: %v", ErrReclaimIdle, idle)
+	}
+	now, err := s.clock.now(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// A lock that ended on its own (or a kept one whose window closed) is as free as a
+	// released one: its expiry is when it became free.
+	res, err := s.coll.DeleteMany(ctx, bson.D{{Key: fieldExpires, Value: bson.D{{Key: "$lt", Value: now.Add(-idle)}}}})
+	if err != nil {
+		return 0, err
+	}
+	return res.DeletedCount, nil
 }
 
 // SyncClock measures the offset of the server's clock now, with a hello command, instead of
@@ -338,10 +358,6 @@ type lockDoc struct {
 	Renewal string    `bson:"renewal"`
 }
 
-func notHeld(name string) error {
-	return fmt.Errorf("guard/mongostore: %q: %w", name, guard.ErrNotHeld)
-}
-
 // expiry returns now+d rounded up to the millisecond, the resolution of a BSON date: a lease
 // is stored at least as long as it was asked for, never a fraction of a millisecond shorter.
 func expiry(now time.Time, d time.Duration) time.Time {
@@ -361,9 +377,13 @@ type clock struct {
 	db      *mongo.Database
 	refresh time.Duration
 
+	// wallOffset is added to the local wall clock; tests move it to fake a suspended host.
+	wallOffset func() time.Duration
+
 	mu      sync.Mutex // protects the fields below
 	base    time.Time  // the server's time at local instant at
 	at      time.Time  // local time, with its monotonic reading, when the server's time was base
+	atWall  time.Time  // the wall clock at that instant, to notice a suspended host
 	unc     time.Duration
 	checked time.Time // last sync attempt that got an answer
 	syncing bool      // a refresh is running; others use the current estimate meanwhile
@@ -371,8 +391,15 @@ type clock struct {
 
 // now returns the estimated current time of the server, measuring it first when there is no
 // estimate yet or the last one is older than refresh. A failed refresh keeps the old estimate.
+//
+// The estimate runs on the local monotonic clock, which stops while the host is suspended: a
+// host that was away (its wall clock ran ahead of the monotonic one) measures again before it
+// trusts the estimate.
 func (c *clock) now(ctx context.Context) (time.Time, error) {
 	c.mu.Lock()
+	if !c.at.IsZero() && c.suspended() {
+		c.at = time.Time{} // measure again, everyone waiting for it
+	}
 	have := !c.at.IsZero()
 	if have && (c.syncing || time.Since(c.checked) < c.refresh) {
 		t := c.base.Add(time.Since(c.at))
@@ -438,8 +465,21 @@ func (c *clock) sample(ctx context.Context) error {
 	c.checked = t1
 	if c.at.IsZero() || unc <= c.uncertaintyAt(t1) {
 		c.base, c.at, c.unc = base, mid, unc
+		c.atWall = mid.Round(0).Add(c.wallOffset())
 	}
 	return nil
+}
+
+// suspendSlack is how far the wall clock may run ahead of the monotonic one, beyond 1% of the
+// time elapsed, before the host counts as having been suspended.
+const suspendSlack = 50 * time.Millisecond
+
+// suspended reports whether the host was suspended since the estimate was made. c.mu must be
+// held.
+func (c *clock) suspended() bool {
+	mono := time.Since(c.at)
+	wall := time.Now().Round(0).Add(c.wallOffset()).Sub(c.atWall)
+	return wall-mono > suspendSlack+mono/100
 }
 
 // uncertaintyAt returns the uncertainty of the current estimate at local time t. c.mu must be

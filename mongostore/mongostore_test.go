@@ -85,11 +85,11 @@ func (c *client) count(f func()) []string {
 type lockDoc struct {
 	Owner    string    `bson:"owner"`
 	Fence    int64     `bson:"fence"`
+	Epoch    int64     `bson:"epoch"`
 	Expires  time.Time `bson:"expires"`
 	Acquired time.Time `bson:"acquired"`
-	Host     string    `bson:"host"`
-	PID      int       `bson:"pid"`
 	Instance string    `bson:"instance"`
+	Label    string    `bson:"label"`
 }
 
 func (c *client) doc(t *testing.T, name string) lockDoc {
@@ -116,13 +116,13 @@ func TestRoundTrips(t *testing.T) {
 
 	for _, name := range names {
 		cmds := a.count(func() {
-			_, err := a.store.Acquire(ctx, name, "token-"+name, time.Minute)
+			_, err := a.store.Acquire(ctx, guard.Request{Name: name, Token: "token-" + name, TTL: time.Minute})
 			require.NoError(t, err)
 		})
 		assert.Equal(t, []string{"findAndModify"}, cmds, "acquire")
 	}
 	cmds := b.count(func() {
-		_, err := b.store.Acquire(ctx, names[0], "other", time.Minute)
+		_, err := b.store.Acquire(ctx, guard.Request{Name: names[0], Token: "other", TTL: time.Minute})
 		require.ErrorIs(t, err, guard.ErrNotAcquired)
 	})
 	assert.Equal(t, []string{"findAndModify"}, cmds, "busy acquire")
@@ -155,7 +155,7 @@ func TestFirstOperationMeasuresClock(t *testing.T) {
 	assert.Zero(t, off)
 	assert.Zero(t, unc)
 	cmds := c.count(func() {
-		_, err := s.Acquire(t.Context(), "first", "t", time.Minute)
+		_, err := s.Acquire(t.Context(), guard.Request{Name: "first", Token: "t", TTL: time.Minute})
 		require.NoError(t, err)
 	})
 	assert.Equal(t, []string{"hello", "hello", "findAndModify"}, cmds)
@@ -175,7 +175,7 @@ func TestClockRefresh(t *testing.T) {
 	c := newClient(t, srv, mongostore.WithClockRefresh(time.Millisecond))
 	<-time.After(2 * time.Millisecond) // let the measurement go stale
 	cmds := c.count(func() {
-		_, err := c.store.Acquire(t.Context(), "refresh", "t", time.Minute)
+		_, err := c.store.Acquire(t.Context(), guard.Request{Name: "refresh", Token: "t", TTL: time.Minute})
 		require.NoError(t, err)
 	})
 	assert.Equal(t, []string{"hello", "findAndModify"}, cmds)
@@ -183,25 +183,26 @@ func TestClockRefresh(t *testing.T) {
 
 func TestAcquire(t *testing.T) {
 	srv := testserver.StartMongo(t)
-	a, b := newClient(t, srv, mongostore.WithInstance("instance-a")), newClient(t, srv)
+	a, b := newClient(t, srv), newClient(t, srv)
 	ctx := t.Context()
 
 	before := time.Now()
-	fence, err := a.store.Acquire(ctx, "job", "token-a", time.Minute)
+	fence, err := a.store.Acquire(ctx, guard.Request{Name: "job", Token: "token-a", TTL: time.Minute,
+		Instance: "instance-a", Label: "job:{id}"})
 	require.NoError(t, err)
-	assert.EqualValues(t, 1, fence)
 
 	d := a.doc(t, "job")
 	assert.Equal(t, "token-a", d.Owner)
 	assert.EqualValues(t, 1, d.Fence)
+	assert.Equal(t, uint64(d.Epoch)+1, fence, "the fence is the epoch plus the count")
+	assert.WithinDuration(t, before, time.UnixMicro(d.Epoch), time.Second, "the epoch is the server's time")
 	assert.Equal(t, "instance-a", d.Instance)
-	assert.NotEmpty(t, d.Host)
-	assert.Positive(t, d.PID)
+	assert.Equal(t, "job:{id}", d.Label)
 	assert.WithinDuration(t, before, d.Acquired, time.Second)
 	assert.WithinDuration(t, before.Add(time.Minute), d.Expires, time.Second)
 
 	t.Run("HeldIsBusy", func(t *testing.T) {
-		_, err := b.store.Acquire(ctx, "job", "token-b", time.Minute)
+		_, err := b.store.Acquire(ctx, guard.Request{Name: "job", Token: "token-b", TTL: time.Minute})
 		var busy *guard.BusyError
 		require.ErrorAs(t, err, &busy)
 		assert.ErrorIs(t, err, guard.ErrNotAcquired)
@@ -209,14 +210,15 @@ func TestAcquire(t *testing.T) {
 		assert.Zero(t, busy.Remaining, "Remaining is not read: it would cost a round trip")
 		assert.Equal(t, "token-a", a.doc(t, "job").Owner)
 	})
-	t.Run("SameTokenIsBusy", func(t *testing.T) {
-		_, err := a.store.Acquire(ctx, "job", "token-a", time.Minute)
-		require.ErrorIs(t, err, guard.ErrNotAcquired)
+	t.Run("SameTokenRetries", func(t *testing.T) {
+		again, err := a.store.Acquire(ctx, guard.Request{Name: "job", Token: "token-a", TTL: time.Minute})
+		require.NoError(t, err, "a retried request must find its own lock")
+		assert.Greater(t, again, fence)
 	})
 	t.Run("Canceled", func(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := b.store.Acquire(cctx, "job", "token-b", time.Minute)
+		_, err := b.store.Acquire(cctx, guard.Request{Name: "job", Token: "token-b", TTL: time.Minute})
 		require.ErrorIs(t, err, context.Canceled)
 		assert.NotErrorIs(t, err, guard.ErrNotAcquired)
 	})
@@ -226,13 +228,16 @@ func TestFencesIncrease(t *testing.T) {
 	srv := testserver.StartMongo(t)
 	clients := []*client{newClient(t, srv), newClient(t, srv)}
 	ctx := t.Context()
-	var last uint64
+	var first, last uint64
 	for i := range 10 {
 		c := clients[i%2]
 		token := fmt.Sprintf("token-%d", i)
-		fence, err := c.store.Acquire(ctx, "fenced", token, time.Minute)
+		fence, err := c.store.Acquire(ctx, guard.Request{Name: "fenced", Token: token, TTL: time.Minute})
 		require.NoError(t, err)
 		require.Greater(t, fence, last, "acquisition %d", i)
+		if i == 0 {
+			first = fence
+		}
 		last = fence
 		switch i % 3 {
 		case 0:
@@ -244,8 +249,8 @@ func TestFencesIncrease(t *testing.T) {
 			c.expire(t, "fenced")
 		}
 	}
-	assert.EqualValues(t, 10, last)
-	assert.EqualValues(t, 10, clients[0].doc(t, "fenced").Fence, "release keeps the fence")
+	assert.Equal(t, first+9, last, "one more per acquisition")
+	assert.EqualValues(t, 10, clients[0].doc(t, "fenced").Fence, "release keeps the count")
 }
 
 func TestRelease(t *testing.T) {
@@ -254,42 +259,44 @@ func TestRelease(t *testing.T) {
 	ctx := t.Context()
 
 	t.Run("Frees", func(t *testing.T) {
-		_, err := a.store.Acquire(ctx, "free", "token-a", time.Minute)
+		first, err := a.store.Acquire(ctx, guard.Request{Name: "free", Token: "token-a", TTL: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, a.store.Release(ctx, "free", "token-a", 0))
 		d := a.doc(t, "free")
 		assert.Empty(t, d.Owner)
 		assert.EqualValues(t, 1, d.Fence)
-		fence, err := b.store.Acquire(ctx, "free", "token-b", time.Minute)
+		fence, err := b.store.Acquire(ctx, guard.Request{Name: "free", Token: "token-b", TTL: time.Minute})
 		require.NoError(t, err)
-		assert.EqualValues(t, 2, fence)
+		assert.Equal(t, first+1, fence)
 	})
 	t.Run("Twice", func(t *testing.T) {
-		_, err := a.store.Acquire(ctx, "twice", "token-a", time.Minute)
+		_, err := a.store.Acquire(ctx, guard.Request{Name: "twice", Token: "token-a", TTL: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, a.store.Release(ctx, "twice", "token-a", 0))
 		require.ErrorIs(t, a.store.Release(ctx, "twice", "token-a", 0), guard.ErrNotHeld)
 	})
 	t.Run("NotOurs", func(t *testing.T) {
-		_, err := a.store.Acquire(ctx, "theirs", "token-a", time.Minute)
+		_, err := a.store.Acquire(ctx, guard.Request{Name: "theirs", Token: "token-a", TTL: time.Minute})
 		require.NoError(t, err)
 		require.ErrorIs(t, b.store.Release(ctx, "theirs", "token-b", 0), guard.ErrNotHeld)
 		require.ErrorIs(t, b.store.Release(ctx, "nobody", "token-b", 0), guard.ErrNotHeld)
 		assert.Equal(t, "token-a", a.doc(t, "theirs").Owner)
 	})
 	t.Run("Keep", func(t *testing.T) {
-		_, err := a.store.Acquire(ctx, "keep", "token-a", time.Minute)
+		first, err := a.store.Acquire(ctx, guard.Request{Name: "keep", Token: "token-a", TTL: time.Minute})
 		require.NoError(t, err)
 		before := time.Now()
 		require.NoError(t, a.store.Release(ctx, "keep", "token-a", 300*time.Millisecond))
 		d := a.doc(t, "keep")
-		assert.Equal(t, "token-a", d.Owner, "keep holds the name under its owner")
+		assert.Equal(t, "(kept)", d.Owner, "keep holds the name under an owner no token matches")
+		errs := a.store.Extend(ctx, []guard.Lease{{Name: "keep", Token: "token-a", TTL: time.Minute}})
+		require.ErrorIs(t, errs[0], guard.ErrNotHeld, "a late renewal must not extend a kept lock")
 		assert.WithinDuration(t, before.Add(300*time.Millisecond), d.Expires, 100*time.Millisecond)
-		_, err = b.store.Acquire(ctx, "keep", "token-b", time.Minute)
+		_, err = b.store.Acquire(ctx, guard.Request{Name: "keep", Token: "token-b", TTL: time.Minute})
 		require.ErrorIs(t, err, guard.ErrNotAcquired, "taken inside the kept window")
 		// Once the window is over, the name is free without anyone releasing it again.
 		fence := eventually(t, b.store, "keep", "token-b", 5*time.Second)
-		assert.EqualValues(t, 2, fence)
+		assert.Equal(t, first+1, fence)
 		assert.GreaterOrEqual(t, time.Since(before), 300*time.Millisecond-clockSlack(b))
 	})
 }
@@ -309,7 +316,7 @@ func eventually(t *testing.T, s *mongostore.Store, name, token string, limit tim
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		fence, err := s.Acquire(t.Context(), name, token, time.Minute)
+		fence, err := s.Acquire(t.Context(), guard.Request{Name: name, Token: token, TTL: time.Minute})
 		if err == nil {
 			return fence
 		}
@@ -329,7 +336,7 @@ func TestStaleHolder(t *testing.T) {
 	a, b, c := newClient(t, srv), newClient(t, srv), newClient(t, srv)
 	ctx := t.Context()
 
-	_, err := a.store.Acquire(ctx, "stale", "token-a", time.Minute)
+	first, err := a.store.Acquire(ctx, guard.Request{Name: "stale", Token: "token-a", TTL: time.Minute})
 	require.NoError(t, err)
 	a.expire(t, "stale")
 
@@ -338,9 +345,9 @@ func TestStaleHolder(t *testing.T) {
 	errs := a.store.Extend(ctx, []guard.Lease{{Name: "stale", Token: "token-a", TTL: time.Minute}})
 	require.ErrorIs(t, errs[0], guard.ErrNotHeld, "extend of an expired lease")
 
-	fence, err := b.store.Acquire(ctx, "stale", "token-b", time.Minute)
+	fence, err := b.store.Acquire(ctx, guard.Request{Name: "stale", Token: "token-b", TTL: time.Minute})
 	require.NoError(t, err)
-	assert.EqualValues(t, 2, fence)
+	assert.Equal(t, first+1, fence)
 
 	require.ErrorIs(t, a.store.Release(ctx, "stale", "token-a", 0), guard.ErrNotHeld)
 	require.ErrorIs(t, a.store.Release(ctx, "stale", "token-a", time.Minute), guard.ErrNotHeld)
@@ -348,7 +355,7 @@ func TestStaleHolder(t *testing.T) {
 	require.ErrorIs(t, errs[0], guard.ErrNotHeld)
 
 	assert.Equal(t, "token-b", b.doc(t, "stale").Owner)
-	_, err = c.store.Acquire(ctx, "stale", "token-c", time.Minute)
+	_, err = c.store.Acquire(ctx, guard.Request{Name: "stale", Token: "token-c", TTL: time.Minute})
 	require.ErrorIs(t, err, guard.ErrNotAcquired, "the new holder's lock is still held")
 }
 
@@ -361,7 +368,7 @@ func TestReleaseRacesAcquire(t *testing.T) {
 	ctx := t.Context()
 	for round := range 30 {
 		name := fmt.Sprintf("race-%d", round)
-		_, err := old.store.Acquire(ctx, name, "old", time.Minute)
+		_, err := old.store.Acquire(ctx, guard.Request{Name: name, Token: "old", TTL: time.Minute})
 		require.NoError(t, err)
 		old.expire(t, name)
 
@@ -372,14 +379,17 @@ func TestReleaseRacesAcquire(t *testing.T) {
 			acquireErr error
 		)
 		wg.Go(func() { <-start; releaseErr = old.store.Release(ctx, name, "old", 0) })
-		wg.Go(func() { <-start; _, acquireErr = next.store.Acquire(ctx, name, "next", time.Minute) })
+		wg.Go(func() {
+			<-start
+			_, acquireErr = next.store.Acquire(ctx, guard.Request{Name: name, Token: "next", TTL: time.Minute})
+		})
 		close(start)
 		wg.Wait()
 
 		require.ErrorIs(t, releaseErr, guard.ErrNotHeld, "round %d: release of an expired lease", round)
 		require.NoError(t, acquireErr, "round %d", round)
 		assert.Equal(t, "next", probe.doc(t, name).Owner, "round %d", round)
-		_, err = probe.store.Acquire(ctx, name, "probe", time.Minute)
+		_, err = probe.store.Acquire(ctx, guard.Request{Name: name, Token: "probe", TTL: time.Minute})
 		require.ErrorIs(t, err, guard.ErrNotAcquired, "round %d: the new holder's lock was freed", round)
 	}
 }
@@ -394,15 +404,15 @@ func TestCrashedHolder(t *testing.T) {
 	const ttl = 400 * time.Millisecond
 
 	start := time.Now()
-	_, err := crashed.store.Acquire(ctx, "crash", "crashed", ttl)
+	first, err := crashed.store.Acquire(ctx, guard.Request{Name: "crash", Token: "crashed", TTL: ttl})
 	require.NoError(t, err)
-	_, err = next.store.Acquire(ctx, "crash", "next", time.Minute)
+	_, err = next.store.Acquire(ctx, guard.Request{Name: "crash", Token: "next", TTL: time.Minute})
 	require.ErrorIs(t, err, guard.ErrNotAcquired)
 
 	fence := eventually(t, next.store, "crash", "next", 5*time.Second)
 	took := time.Since(start)
 	t.Logf("taken over %v after the crashed holder's acquisition (lease %v)", took, ttl)
-	assert.EqualValues(t, 2, fence)
+	assert.Equal(t, first+1, fence)
 	assert.GreaterOrEqual(t, took, ttl-clockSlack(next), "taken before the lease ended")
 	// MongoDB's TTL monitor runs once a minute: a takeover this soon owes it nothing.
 	assert.Less(t, took, ttl+2*time.Second, "not taken soon after the lease ended")
@@ -422,7 +432,7 @@ func TestRacers(t *testing.T) {
 	}
 	ctx := t.Context()
 	name := "contended"
-	_, err := clients[0].store.Acquire(ctx, name, "first", time.Minute)
+	first, err := clients[0].store.Acquire(ctx, guard.Request{Name: name, Token: "first", TTL: time.Minute})
 	require.NoError(t, err)
 	for round := range rounds {
 		clients[0].expire(t, name)
@@ -437,7 +447,7 @@ func TestRacers(t *testing.T) {
 			token := fmt.Sprintf("r%d-%d", round, i)
 			wg.Go(func() {
 				<-start
-				fence, err := c.store.Acquire(ctx, name, token, time.Minute)
+				fence, err := c.store.Acquire(ctx, guard.Request{Name: name, Token: token, TTL: time.Minute})
 				if err != nil {
 					assert.ErrorIs(t, err, guard.ErrNotAcquired)
 					return
@@ -450,7 +460,7 @@ func TestRacers(t *testing.T) {
 		close(start)
 		wg.Wait()
 		require.Len(t, winners, 1, "round %d: winners %v", round, winners)
-		assert.EqualValues(t, round+2, fences[0], "round %d: fence", round)
+		assert.Equal(t, first+uint64(round)+1, fences[0], "round %d: fence", round)
 		assert.Equal(t, winners[0], clients[0].doc(t, name).Owner)
 	}
 }
@@ -461,7 +471,7 @@ func TestExtend(t *testing.T) {
 	ctx := t.Context()
 	take := func(c *client, name, token string) {
 		t.Helper()
-		_, err := c.store.Acquire(ctx, name, token, time.Minute)
+		_, err := c.store.Acquire(ctx, guard.Request{Name: name, Token: token, TTL: time.Minute})
 		require.NoError(t, err)
 	}
 
@@ -543,11 +553,11 @@ func TestServerDown(t *testing.T) {
 	srv := testserver.StartFerretDB(t)
 	c := newClient(t, srv)
 	ctx := t.Context()
-	_, err := c.store.Acquire(ctx, "down", "t", time.Minute)
+	_, err := c.store.Acquire(ctx, guard.Request{Name: "down", Token: "t", TTL: time.Minute})
 	require.NoError(t, err)
 	srv.Kill()
 
-	_, err = c.store.Acquire(ctx, "down-2", "t", time.Minute)
+	_, err = c.store.Acquire(ctx, guard.Request{Name: "down-2", Token: "t", TTL: time.Minute})
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, guard.ErrNotAcquired)
 	t.Logf("acquire: %v", err)
@@ -580,7 +590,7 @@ func TestWriteConcern(t *testing.T) {
 			ctx := t.Context()
 			name := "wc-" + tt.name
 			n := c.cmds.total.Load()
-			_, err := c.store.Acquire(ctx, name, "t", time.Minute)
+			_, err := c.store.Acquire(ctx, guard.Request{Name: name, Token: "t", TTL: time.Minute})
 			require.NoError(t, err)
 			c.store.Extend(ctx, []guard.Lease{{Name: name, Token: "t", TTL: time.Minute}})
 			require.NoError(t, c.store.Release(ctx, name, "t", 0))

@@ -431,7 +431,7 @@ func TestServerRestart(t *testing.T) {
 	t.Logf("server killed; context ended %v after the deadline, %v before the lease could end: %v",
 		ended.Sub(deadline), deadline.Add(watchdog.Drift(ttl)).Sub(ended), l.Err())
 
-	srv.Restart()
+	srv.Restart(t)
 	info, err := s.Inspect(t.Context(), name)
 	require.NoError(t, err)
 	assert.Equal(t, l.Fence(), info.Fence, "the row did not survive the crash")
@@ -453,16 +453,16 @@ func TestPausedServer(t *testing.T) {
 	l, err := holder.Acquire(t.Context(), name)
 	require.NoError(t, err)
 
-	srv.Pause()
+	srv.Pause(t)
 	deadline := l.Deadline()
 	select {
 	case <-l.Done():
 	case <-time.After(2 * ttl):
-		srv.Resume()
+		srv.Resume(t)
 		t.Fatal("the holder's context outlived its lock while the server was paused")
 	}
 	ended := time.Now()
-	srv.Resume()
+	srv.Resume(t)
 	require.ErrorIs(t, l.Err(), guard.ErrLockLost)
 	assert.True(t, ended.Before(deadline.Add(watchdog.Drift(ttl))), "lost after the lease could have ended")
 	t.Logf("server paused; context ended %v after the deadline, %v before the lease could end: %v",

@@ -38,7 +38,7 @@ func (d *deployment) harness(tb testing.TB) locktest.Harness {
 	adm := d.admin(tb)
 	keys := New(adm)
 	// Load the scripts once, so that the first call of each test is not a NOSCRIPT retry.
-	for _, src := range []string{acquireSrc, extendSrc, releaseSrc} {
+	for _, src := range []string{acquireSrc, extendSrc, releaseSrc, forceSrc, inspectSrc} {
 		require.NoError(tb, adm.ScriptLoad(context.Background(), src).Err())
 	}
 	return locktest.Harness{
@@ -52,9 +52,18 @@ func (d *deployment) harness(tb testing.TB) locktest.Harness {
 			require.Equal(tb, int64(1), n, "no lock %q to delete", name)
 		},
 		Overwrite: func(tb testing.TB, name string) {
-			// XX: only a lock that exists; KEEPTTL: the intruder keeps the holder's lease.
-			err := adm.Do(context.Background(), "SET", keys.lockKey(name), "intruder", "XX", "KEEPTTL").Err()
-			require.NoError(tb, err, "no lock %q to overwrite", name)
+			n, err := adm.Exists(context.Background(), keys.lockKey(name)).Result()
+			require.NoError(tb, err)
+			require.Equal(tb, int64(1), n, "no lock %q to overwrite", name)
+			// The intruder keeps the holder's lease.
+			require.NoError(tb, adm.HSet(context.Background(), keys.lockKey(name), "token", "intruder").Err())
+		},
+		Wipe: func(tb testing.TB) {
+			for _, addr := range d.masters {
+				c := redis.NewClient(&redis.Options{Addr: addr})
+				require.NoError(tb, c.FlushAll(context.Background()).Err())
+				require.NoError(tb, c.Close())
+			}
 		},
 		Killable: func(tb testing.TB) (locktest.Target, func()) {
 			r := testserver.StartRedis(tb)

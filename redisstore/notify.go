@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -27,16 +26,19 @@ const (
 )
 
 // Subscribe opens one go-redis PubSub, read by one goroutine, for release notifications of
-// the names the returned Subscription watches; it calls released with the name of each
-// watched lock whose release frees it. The reader opens the connection in the background and
-// keeps it open (reconnecting when it breaks) until Close. Subscribe never fails; it returns
-// an error to satisfy guard.Notifier.
+// the names the returned Subscription watches; it calls notify for each release (or MinHold
+// keep, or forced release) of a watched lock, with the released token. The reader opens the
+// connection in the background and keeps it open (reconnecting when it breaks) until Close.
+// After a reconnection it confirms that every channel is subscribed again and then sends one
+// notice with an empty token per watched name: a release may have been published while it was
+// away. Subscribe never fails; it returns an error to satisfy guard.Notifier.
 //
 // The Subscription counts Watch and Unwatch calls per name: a name stays watched until every
 // successful Watch of it has been matched by an Unwatch.
-func (s *Store) Subscribe(released func(name string)) (guard.Subscription, error) {
+func (s *Store) Subscribe(notify func(guard.Notice)) (guard.Subscription, error) {
+	released := notify
 	if released == nil {
-		released = func(string) {}
+		released = func(guard.Notice) {}
 	}
 	sub := &subscription{
 		store:    s,
@@ -63,7 +65,7 @@ func (s *Store) Subscribe(released func(name string)) (guard.Subscription, error
 type subscription struct {
 	store    *Store
 	ps       *redis.PubSub
-	released func(string)
+	released func(guard.Notice)
 
 	stop      chan struct{} // closed by Close: ends the reader and pending Watch calls
 	done      chan struct{} // closed when the reader has returned
@@ -88,7 +90,7 @@ type subscription struct {
 // a backend error that wraps the driver's error.
 func (s *subscription) Watch(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("guard/redisstore: watch %q: %w", name, err)
+		return err
 	}
 	ch := s.store.channel(name)
 	err := s.subscribe(ctx, ch)
@@ -100,10 +102,7 @@ func (s *subscription) Watch(ctx context.Context, name string) error {
 	if err != nil && s.closed() {
 		err = ErrSubscriptionClosed // whatever go-redis said about its closed PubSub
 	}
-	if err != nil {
-		return fmt.Errorf("guard/redisstore: watch %q: %w", name, err)
-	}
-	return nil
+	return err
 }
 
 // Unwatch undoes one Watch of name; the channel is unsubscribed when no Watch of it is left.
@@ -116,7 +115,7 @@ func (s *subscription) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		if err := s.ps.Close(); err != nil {
-			s.closeErr = fmt.Errorf("guard/redisstore: close subscription: %w", err)
+			s.closeErr = err
 		}
 		<-s.done
 	})
@@ -233,8 +232,9 @@ func (s *subscription) connectionFailed() {
 }
 
 // read is the one goroutine that receives from the PubSub connection, until Close. It hands
-// released names to the callback and pongs to Watch, and checks that a silent connection is
-// still alive.
+// released names to the callback and pongs to Watch, checks that a silent connection is still
+// alive, and after a reconnection announces every watched name once the server confirms the
+// channels are subscribed again.
 func (s *subscription) read() {
 	defer close(s.done)
 	ctx := context.Background()
@@ -242,7 +242,18 @@ func (s *subscription) read() {
 	pause := retryMin
 	timer := time.NewTimer(0)
 	<-timer.C
+	missed := false // the connection failed: releases may have gone unheard
+	resync := ""    // payload of the PING that confirms the channels after a reconnection
 	for {
+		if missed && resync == "" {
+			// go-redis opens a new connection for this PING and subscribes every channel
+			// again before it: its pong means they are all in place.
+			token, _, _ := s.barrier()
+			s.dropBarrier(token)
+			if s.ps.Ping(ctx, token) == nil {
+				resync, missed = token, false
+			}
+		}
 		var msg any
 		var err error
 		if pinged {
@@ -265,7 +276,7 @@ func (s *subscription) read() {
 					continue
 				}
 			}
-			pinged = false
+			pinged, missed, resync = false, true, ""
 			s.connectionFailed()
 			timer.Reset(pause)
 			select {
@@ -281,11 +292,31 @@ func (s *subscription) read() {
 		switch m := msg.(type) {
 		case *redis.Message:
 			if name, ok := s.store.nameOf(m.Channel); ok {
-				s.released(name)
+				s.released(guard.Notice{Name: name, Token: m.Payload})
 			}
 		case *redis.Pong:
-			s.ponged(m.Payload)
+			if resync != "" && m.Payload == resync {
+				resync = ""
+				s.announceAll()
+			} else {
+				s.ponged(m.Payload)
+			}
 		}
+	}
+}
+
+// announceAll sends a notice without a token for every watched name.
+func (s *subscription) announceAll() {
+	s.subMu.Lock()
+	names := make([]string, 0, len(s.refs))
+	for ch := range s.refs {
+		if name, ok := s.store.nameOf(ch); ok {
+			names = append(names, name)
+		}
+	}
+	s.subMu.Unlock()
+	for _, name := range names {
+		s.released(guard.Notice{Name: name})
 	}
 }
 

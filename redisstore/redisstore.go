@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,13 +19,23 @@ import (
 // another.
 const DefaultPrefix = "guard:"
 
-// Sentinel errors. The errors of a Store wrap them, or the driver's error, with detail.
+// fenceRetention is how long a fence key outlives the lease that last set it: fences count
+// up in it while a name is in use, and fall back on the server's clock once it is gone.
+const fenceRetention = time.Minute
+
+// Sentinel errors. The errors of a Store wrap them, or return the driver's error.
 var (
 	// ErrUnexpectedReply reports a script reply the Store cannot read: a server that does not
 	// run the Store's scripts as written, or keys written by something else.
-	ErrUnexpectedReply = errors.New("guard/redisstore: unexpected reply")
+	ErrUnexpectedReply = errors.New("redisstore: unexpected reply")
 	// ErrSubscriptionClosed reports a Watch on a closed Subscription.
-	ErrSubscriptionClosed = errors.New("guard/redisstore: subscription closed")
+	ErrSubscriptionClosed = errors.New("redisstore: subscription closed")
+	// ErrEvictingServer reports a server whose maxmemory-policy may evict keys: it could
+	// drop a held lock and hand it to a second owner. See AllowEviction.
+	ErrEvictingServer = errors.New("redisstore: the server may evict keys (maxmemory-policy is not noeviction)")
+	// ErrNotReplicated reports a write that fewer replicas acknowledged than
+	// WithReplicaAcks asks for: a failover could lose it.
+	ErrNotReplicated = errors.New("redisstore: not acknowledged by enough replicas")
 )
 
 var (
@@ -39,14 +50,32 @@ var (
 	//go:embed release.lua
 	releaseSrc    string
 	releaseScript = redis.NewScript(releaseSrc)
+
+	//go:embed force.lua
+	forceSrc    string
+	forceScript = redis.NewScript(forceSrc)
+
+	//go:embed inspect.lua
+	inspectSrc    string
+	inspectScript = redis.NewScript(inspectSrc)
 )
 
-// Store is a guard.Backend and guard.Notifier on Redis. It is safe for concurrent use. It does
-// not own its client: closing the client is the caller's job, after the Guard using the
-// Store is closed.
+// Store is a guard.Backend, guard.Notifier and guard.Inspector on Redis. It is safe for
+// concurrent use. It does not own its client: closing the client is the caller's job, after
+// the Guard using the Store is closed.
 type Store struct {
-	client redis.UniversalClient
-	prefix string
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // client, when it is a cluster client
+	prefix  string
+
+	allowEviction bool
+	acks          int           // replicas that must acknowledge a write; 0: none
+	ackTimeout    time.Duration // how long WAIT waits for them
+
+	// checked is closed once the server's eviction policy has been found safe (or the
+	// check is off); checkMu serializes the checks until then.
+	checkMu sync.Mutex
+	checked chan struct{}
 
 	// Health checks of a Subscription's connection: idleCheck and pongTimeout in notify.go,
 	// fields so that tests can shorten them.
@@ -54,35 +83,79 @@ type Store struct {
 }
 
 var (
-	_ guard.Backend  = (*Store)(nil)
-	_ guard.Notifier = (*Store)(nil)
+	_ guard.Backend     = (*Store)(nil)
+	_ guard.Notifier    = (*Store)(nil)
+	_ guard.Inspector   = (*Store)(nil)
+	_ guard.Partitioned = (*Store)(nil)
 )
 
-// Option configures a Store. Pass options to New.
-type Option func(*Store)
+// Option configures a Store. Pass options to New, which validates them.
+type Option func(*options)
+
+type options struct {
+	prefix        string
+	allowEviction bool
+	acks          int
+	ackTimeout    time.Duration
+}
 
 // WithPrefix sets the prefix of every key and channel of the Store, so that several
 // applications can share one Redis. Default: DefaultPrefix ("guard:"). p must not contain
 // '{' or '}': the Store puts the lock name in a Cluster hash tag right after the prefix.
 func WithPrefix(p string) Option {
-	if strings.ContainsAny(p, "{}") {
-		panic(fmt.Sprintf("guard/redisstore: WithPrefix(%q): the prefix must not contain '{' or '}'", p))
-	}
-	return func(s *Store) { s.prefix = p }
+	return func(o *options) { o.prefix = p }
+}
+
+// AllowEviction lets the Store run on a server whose maxmemory-policy may evict keys (any
+// policy but noeviction). This is unsafe: under memory pressure the server may drop a held
+// lock — and, under an allkeys policy, its fence counter — and hand the name to a second owner
+// while the first one's context is live. Without it, the first Acquire checks the policy
+// (INFO memory, on every master) and fails with ErrEvictingServer. Use it only for a server
+// that never reaches its maxmemory, or locks whose loss does no harm.
+func AllowEviction() Option {
+	return func(o *options) { o.allowEviction = true }
+}
+
+// WithReplicaAcks makes every acquisition, renewal and MinHold release wait until n replicas
+// acknowledge it (Redis WAIT, sent in the same round trip), for up to timeout; a write that
+// fewer replicas acknowledge fails with ErrNotReplicated, and an acquisition that fails so is
+// given back. This keeps a lock from being lost when a Sentinel or Cluster failover promotes a
+// replica that had not received it yet — at the cost of a replica's round trip on every write,
+// and of no lock at all while fewer than n replicas answer. Default: 0, no waiting: a failover
+// can then lose the latest acquisitions (see docs/semantics.md). n must not be negative, and
+// timeout must be positive when n > 0.
+func WithReplicaAcks(n int, timeout time.Duration) Option {
+	return func(o *options) { o.acks, o.ackTimeout = n, timeout }
 }
 
 // New returns a Store that keeps locks in the Redis that client talks to: a *redis.Client, a
-// *redis.ClusterClient, or a failover client from redis.NewFailoverClient. It panics when
-// client is nil or an option is invalid.
+// *redis.ClusterClient, or a failover client from redis.NewFailoverClient. It does no I/O. It
+// panics when client is nil or an option is invalid.
 func New(client redis.UniversalClient, opts ...Option) *Store {
 	if client == nil {
 		panic("guard/redisstore: New: nil client")
 	}
-	s := &Store{client: client, prefix: DefaultPrefix, idleCheck: idleCheck, pongTimeout: pongTimeout}
-	for _, o := range opts {
-		if o != nil {
-			o(s)
+	o := options{prefix: DefaultPrefix}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
 		}
+	}
+	if strings.ContainsAny(o.prefix, "{}") {
+		panic(fmt.Sprintf("guard/redisstore: WithPrefix(%q): the prefix must not contain '{' or '}'", o.prefix))
+	}
+	if o.acks < 0 || (o.acks > 0 && o.ackTimeout <= 0) {
+		panic(fmt.Sprintf("guard/redisstore: WithReplicaAcks(%d, %v): n must not be negative, and the timeout must be positive", o.acks, o.ackTimeout))
+	}
+	s := &Store{
+		client: client, prefix: o.prefix,
+		allowEviction: o.allowEviction, acks: o.acks, ackTimeout: o.ackTimeout,
+		checked:   make(chan struct{}),
+		idleCheck: idleCheck, pongTimeout: pongTimeout,
+	}
+	s.cluster, _ = client.(*redis.ClusterClient)
+	if s.allowEviction {
+		close(s.checked)
 	}
 	return s
 }
@@ -93,7 +166,7 @@ const (
 	channelSuffix = ":released"
 )
 
-// lockKey returns the key that holds name's owner token: <prefix>{<name>}.
+// lockKey returns the key that holds name's lock: <prefix>{<name>}.
 //
 // Redis Cluster hashes only the hash tag of a key: the bytes between its first '{' and the
 // first '}' after it, when there is at least one. The prefix has no braces, so that '{' is
@@ -112,20 +185,35 @@ func (s *Store) lockKey(name string) string {
 	return s.prefix + "{" + name + "}"
 }
 
+// keys returns the lock key and the fence key of name.
+func (s *Store) keys(name string) []string {
+	k := s.lockKey(name)
+	return []string{k, k + fenceSuffix}
+}
+
 // channel returns the channel that a release of name is published on.
 func (s *Store) channel(name string) string { return s.lockKey(name) + channelSuffix }
 
-// nameOf returns the lock name whose release channel is ch.
-func (s *Store) nameOf(ch string) (string, bool) {
-	rest, ok := strings.CutPrefix(ch, s.prefix+"{")
+// nameOfKey returns the lock name whose lock key is key.
+func (s *Store) nameOfKey(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, s.prefix+"{")
 	if !ok {
 		return "", false
 	}
-	name, ok := strings.CutSuffix(rest, "}"+channelSuffix)
+	name, ok := strings.CutSuffix(rest, "}")
 	if !ok || name == "" {
 		return "", false
 	}
 	return strings.TrimPrefix(name, "\x00"), true
+}
+
+// nameOf returns the lock name whose release channel is ch.
+func (s *Store) nameOf(ch string) (string, bool) {
+	key, ok := strings.CutSuffix(ch, channelSuffix)
+	if !ok {
+		return "", false
+	}
+	return s.nameOfKey(key)
 }
 
 // millis returns d in whole milliseconds for PX and PEXPIRE, rounded up: the server keeps a
@@ -134,106 +222,158 @@ func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// Acquire makes one attempt to take name for token with a lease of ttl: one EVALSHA of
-// acquire.lua. It returns the new fence, a *guard.BusyError with the holder's remaining lease
-// when someone else holds name, or a backend error that wraps the driver's error (or
-// ErrUnexpectedReply) and does not match guard.ErrNotAcquired.
-func (s *Store) Acquire(ctx context.Context, name, token string, ttl time.Duration) (uint64, error) {
-	if ttl <= 0 {
-		return 0, fmt.Errorf("guard/redisstore: acquire %q: lease %v is not positive", name, ttl)
+// Acquire makes one attempt to take r.Name for r.Token with a lease of r.TTL: one EVALSHA of
+// acquire.lua (with WAIT in the same round trip under WithReplicaAcks). It returns the fence, a
+// *guard.BusyError with what is left of the holder's lease (or MinHold window), or the
+// driver's error, ErrUnexpectedReply, ErrNotReplicated or ErrEvictingServer. The first call
+// checks the server's eviction policy first (one more round trip, once).
+func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
+	if r.TTL <= 0 {
+		return 0, fmt.Errorf("redisstore: lease %v is not positive", r.TTL)
 	}
-	key := s.lockKey(name)
-	reply, err := acquireScript.Run(ctx, s.client, []string{key, key + fenceSuffix}, token, millis(ttl)).Slice()
+	if err := s.checkEviction(ctx); err != nil {
+		return 0, err
+	}
+	reply, err := s.run(ctx, acquireScript, r.Name, s.keys(r.Name),
+		r.Token, millis(r.TTL), r.Instance, r.Label, millis(fenceRetention))
 	if err != nil {
-		return 0, fmt.Errorf("guard/redisstore: acquire %q: %w", name, err)
+		return 0, err
 	}
-	if len(reply) == 2 {
-		switch reply[0] {
+	if vals, ok := reply.([]any); ok && len(vals) == 2 {
+		switch vals[0] {
 		case int64(1):
-			if v, ok := reply[1].(string); ok {
+			if v, ok := vals[1].(string); ok {
 				if fence, err := strconv.ParseUint(v, 10, 64); err == nil {
 					return fence, nil
 				}
 			}
 		case int64(0):
-			if pttl, ok := reply[1].(int64); ok {
-				return 0, &guard.BusyError{Name: name, Remaining: max(time.Duration(pttl)*time.Millisecond, 0)}
+			if pttl, ok := vals[1].(int64); ok {
+				return 0, &guard.BusyError{Name: r.Name, Remaining: max(time.Duration(pttl)*time.Millisecond, 0)}
 			}
 		}
 	}
-	return 0, fmt.Errorf("guard/redisstore: acquire %q: %w %v", name, ErrUnexpectedReply, reply)
+	return 0, fmt.Errorf("%w %v", ErrUnexpectedReply, reply)
 }
 
 // Extend sets the lease of each lock in leases that its token still holds: one EVALSHA of
 // extend.lua per lease, all sent in one pipeline (one round trip per Cluster node involved).
-// It returns one error per lease, in order: nil when extended, an error matching
-// guard.ErrNotHeld when the name is free or held by another token, or a backend error that
-// wraps the driver's error.
+// It returns one error per lease, in order: nil when extended, guard.ErrNotHeld when the name
+// is free or held by another token, or the driver's error.
 func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 	errs := make([]error, len(leases))
 	if len(leases) == 0 {
 		return errs
 	}
+	if s.acks > 0 {
+		return s.extendAcked(ctx, leases)
+	}
 	cmds := make([]*redis.Cmd, len(leases))
-	s.pipeline(ctx, leases, cmds, func(pipe redis.Pipeliner, l guard.Lease) *redis.Cmd {
-		return extendScript.EvalSha(ctx, pipe, []string{s.lockKey(l.Name)}, l.Token, millis(l.TTL))
-	})
-	// A server without the script answers NOSCRIPT: send just those leases again, with the
-	// script itself, in one more pipeline. EVAL caches the script on that server.
-	var retry []guard.Lease
-	var at []int
-	for i, c := range cmds {
-		if c != nil && isNoScript(c.Err()) {
-			retry = append(retry, leases[i])
-			at = append(at, i)
-		}
-	}
-	if len(retry) > 0 {
-		again := make([]*redis.Cmd, len(retry))
-		s.pipeline(ctx, retry, again, func(pipe redis.Pipeliner, l guard.Lease) *redis.Cmd {
-			return extendScript.Eval(ctx, pipe, []string{s.lockKey(l.Name)}, l.Token, millis(l.TTL))
-		})
-		for j, i := range at {
-			cmds[i] = again[j]
-		}
-	}
+	s.pipeline(ctx, s.client, leases, cmds, false)
 	for i, l := range leases {
 		errs[i] = extendResult(l, cmds[i])
 	}
 	return errs
 }
 
-// pipeline queues one command per lease, skipping leases whose TTL is not positive, and sends
-// them in one Pipelined call. Each command carries its own reply or error: go-redis sets the
-// error of every command that a failed pipeline left without a reply.
-func (s *Store) pipeline(ctx context.Context, leases []guard.Lease, cmds []*redis.Cmd,
-	queue func(redis.Pipeliner, guard.Lease) *redis.Cmd,
-) {
-	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for i, l := range leases {
-			if l.TTL > 0 {
-				cmds[i] = queue(pipe, l)
-			}
+// extendAcked is Extend under WithReplicaAcks: one pipeline per master, each ending in WAIT.
+func (s *Store) extendAcked(ctx context.Context, leases []guard.Lease) []error {
+	errs := make([]error, len(leases))
+	byNode := make(map[redis.Cmdable][]int)
+	for i, l := range leases {
+		node, err := s.nodeFor(ctx, l.Name)
+		if err != nil {
+			errs[i] = err
+			continue
 		}
-		return nil
-	})
+		byNode[node] = append(byNode[node], i)
+	}
+	var wg sync.WaitGroup
+	for node, at := range byNode {
+		wg.Go(func() {
+			part := make([]guard.Lease, len(at))
+			for j, i := range at {
+				part[j] = leases[i]
+			}
+			cmds := make([]*redis.Cmd, len(part))
+			waitErr := s.pipeline(ctx, node, part, cmds, true)
+			for j, i := range at {
+				errs[i] = extendResult(part[j], cmds[j])
+				if errs[i] == nil && waitErr != nil {
+					errs[i] = waitErr
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// pipeline queues extend.lua for each lease (skipping leases whose TTL is not positive), and a
+// WAIT after them when wait is set, and sends them in one round trip; commands answered
+// NOSCRIPT are sent again with the script itself. It returns WAIT's verdict. Each command
+// carries its own reply or error: go-redis sets the error of every command that a failed
+// pipeline left without a reply.
+func (s *Store) pipeline(ctx context.Context, c redis.Cmdable, leases []guard.Lease, cmds []*redis.Cmd, wait bool) error {
+	send := func(useSHA bool, at []int) *redis.Cmd {
+		var w *redis.Cmd
+		_, _ = c.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, i := range at {
+				l := leases[i]
+				if l.TTL <= 0 {
+					continue
+				}
+				keys := s.keys(l.Name)
+				if useSHA {
+					cmds[i] = extendScript.EvalSha(ctx, pipe, keys, l.Token, millis(l.TTL), millis(fenceRetention))
+				} else {
+					cmds[i] = extendScript.Eval(ctx, pipe, keys, l.Token, millis(l.TTL), millis(fenceRetention))
+				}
+			}
+			if wait {
+				w = s.wait(ctx, pipe)
+			}
+			return nil
+		})
+		return w
+	}
+	all := make([]int, len(leases))
+	for i := range all {
+		all[i] = i
+	}
+	w := send(true, all)
+	// A server without the script (a restart, SCRIPT FLUSH) answers NOSCRIPT: send just
+	// those again with the script itself, which caches it there.
+	var retry []int
+	for i, c := range cmds {
+		if c != nil && isNoScript(c.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		w = send(false, retry)
+	}
+	if wait {
+		return s.acked(w)
+	}
+	return nil
 }
 
 // extendResult turns the reply to one extend.lua into Extend's error for l.
 func extendResult(l guard.Lease, c *redis.Cmd) error {
 	if c == nil {
-		return fmt.Errorf("guard/redisstore: extend %q: lease %v is not positive", l.Name, l.TTL)
+		return fmt.Errorf("redisstore: lease %v is not positive", l.TTL)
 	}
 	if err := c.Err(); err != nil {
-		return fmt.Errorf("guard/redisstore: extend %q: %w", l.Name, err)
+		return err
 	}
 	switch c.Val() {
 	case int64(1):
 		return nil
 	case int64(0):
-		return fmt.Errorf("guard/redisstore: extend %q: %w", l.Name, guard.ErrNotHeld)
+		return guard.ErrNotHeld
 	}
-	return fmt.Errorf("guard/redisstore: extend %q: %w %v", l.Name, ErrUnexpectedReply, c.Val())
+	return fmt.Errorf("%w %v", ErrUnexpectedReply, c.Val())
 }
 
 // isNoScript reports whether err is a server's answer that it does not have the script.
@@ -242,22 +382,171 @@ func isNoScript(err error) bool {
 }
 
 // Release gives name up if token holds it: one EVALSHA of release.lua. With keep > 0 the
-// name stays locked and its lease is set to keep, and nobody is notified; otherwise the lock
-// key is deleted and a notification is published on the name's channel. The fence key is
-// kept. Release returns an error matching guard.ErrNotHeld when token does not hold name, or
-// a backend error that wraps the driver's error.
+// name stays taken for keep under no owner (under WithReplicaAcks, once replicas have it);
+// otherwise the lock key is deleted. Either way the token is published on the name's channel.
+// The fence key is kept. Release returns guard.ErrNotHeld when token does not hold name, or
+// the driver's error.
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
-	key := s.lockKey(name)
-	n, err := releaseScript.Run(ctx, s.client, []string{key},
-		token, millis(max(keep, 0)), key+channelSuffix, name).Result()
+	var n any
+	var err error
+	if keep > 0 && s.acks > 0 {
+		n, err = s.runAcked(ctx, releaseScript, name, s.keys(name)[:1], token, millis(keep), s.channel(name))
+	} else {
+		n, err = s.run(ctx, releaseScript, name, s.keys(name)[:1], token, millis(max(keep, 0)), s.channel(name))
+	}
 	if err != nil {
-		return fmt.Errorf("guard/redisstore: release %q: %w", name, err)
+		return err
 	}
 	switch n {
 	case int64(1):
 		return nil
 	case int64(0):
-		return fmt.Errorf("guard/redisstore: release %q: %w", name, guard.ErrNotHeld)
+		return guard.ErrNotHeld
 	}
-	return fmt.Errorf("guard/redisstore: release %q: %w %v", name, ErrUnexpectedReply, n)
+	return fmt.Errorf("%w %v", ErrUnexpectedReply, n)
+}
+
+// run runs script on the keys of name: EVALSHA, then EVAL if the server lacks the script. It
+// waits for replicas under WithReplicaAcks.
+func (s *Store) run(ctx context.Context, script *redis.Script, name string, keys []string, args ...any) (any, error) {
+	if s.acks > 0 {
+		return s.runAcked(ctx, script, name, keys, args...)
+	}
+	return script.Run(ctx, s.client, keys, args...).Result()
+}
+
+// runAcked runs script and WAIT in one pipeline on the master of name's keys.
+func (s *Store) runAcked(ctx context.Context, script *redis.Script, name string, keys []string, args ...any) (any, error) {
+	node, err := s.nodeFor(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	for _, useSHA := range []bool{true, false} {
+		var c *redis.Cmd
+		var w *redis.Cmd
+		_, _ = node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			if useSHA {
+				c = script.EvalSha(ctx, pipe, keys, args...)
+			} else {
+				c = script.Eval(ctx, pipe, keys, args...)
+			}
+			w = s.wait(ctx, pipe)
+			return nil
+		})
+		if useSHA && isNoScript(c.Err()) {
+			continue
+		}
+		if err := c.Err(); err != nil {
+			return nil, err
+		}
+		if err := s.acked(w); err != nil {
+			return nil, err
+		}
+		return c.Val(), nil
+	}
+	return nil, fmt.Errorf("%w: the script could not be loaded", ErrUnexpectedReply)
+}
+
+// wait queues WAIT for the replicas WithReplicaAcks asks for. (go-redis's Wait is not part of
+// its Pipeliner interface.)
+func (s *Store) wait(ctx context.Context, pipe redis.Pipeliner) *redis.Cmd {
+	return pipe.Do(ctx, "wait", s.acks, s.ackTimeout.Milliseconds())
+}
+
+// acked returns WAIT's verdict: nil when enough replicas acknowledged.
+func (s *Store) acked(w *redis.Cmd) error {
+	n, err := w.Int64()
+	if err != nil {
+		return err
+	}
+	if int(n) < s.acks {
+		return fmt.Errorf("%w: %d of %d within %v", ErrNotReplicated, n, s.acks, s.ackTimeout)
+	}
+	return nil
+}
+
+// nodeFor returns a client of the master that holds name's keys: the client itself, unless it
+// is a cluster client.
+func (s *Store) nodeFor(ctx context.Context, name string) (redis.Cmdable, error) {
+	if s.cluster == nil {
+		return s.client, nil
+	}
+	return s.cluster.MasterForKey(ctx, s.lockKey(name))
+}
+
+// partitionTimeout bounds Partition's look-up of a slot's master, in the rare case that the
+// cluster client has to load the slot map first.
+const partitionTimeout = time.Second
+
+// Partition returns the address of the Cluster master that holds name's keys, so that the
+// watchdog renews the locks of each master in a call of its own; "" for a single node or a
+// Sentinel-managed master, or when the master is not known.
+func (s *Store) Partition(name string) string {
+	if s.cluster == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), partitionTimeout)
+	defer cancel()
+	node, err := s.cluster.MasterForKey(ctx, s.lockKey(name))
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
+}
+
+// checkEviction makes sure, once, that the server will not evict a held lock: it reads
+// maxmemory_policy from INFO memory on every master (CONFIG is often renamed on managed
+// servers; INFO is not). A failure to ask is returned and asked again next time.
+func (s *Store) checkEviction(ctx context.Context) error {
+	select {
+	case <-s.checked:
+		return nil
+	default:
+	}
+	s.checkMu.Lock()
+	defer s.checkMu.Unlock()
+	select {
+	case <-s.checked:
+		return nil
+	default:
+	}
+	check := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return fmt.Errorf("redisstore: checking the eviction policy (pass AllowEviction to skip it): %w", err)
+		}
+		policy := infoField(info, "maxmemory_policy")
+		if policy != "noeviction" {
+			return fmt.Errorf("%w: it is %q on %s", ErrEvictingServer, policy, c.Options().Addr)
+		}
+		return nil
+	}
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, check)
+	case *redis.Client:
+		err = check(ctx, c)
+	default:
+		info, ierr := s.client.Info(ctx, "memory").Result()
+		if ierr != nil {
+			err = fmt.Errorf("redisstore: checking the eviction policy (pass AllowEviction to skip it): %w", ierr)
+		} else if p := infoField(info, "maxmemory_policy"); p != "noeviction" {
+			err = fmt.Errorf("%w: it is %q", ErrEvictingServer, p)
+		}
+	}
+	if err == nil {
+		close(s.checked)
+	}
+	return err
+}
+
+// infoField returns the value of field in an INFO reply, or "".
+func infoField(info, field string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
 }

@@ -149,7 +149,9 @@ func (c callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // bookkeeping reports whether go-redis sent cmd for itself rather than for the Store.
 func bookkeeping(cmd redis.Cmder) bool {
 	switch strings.ToLower(cmd.Name()) {
-	case "cluster", "command", "hello", "client", "auth", "select", "readonly", "ping":
+	case "cluster", "command", "hello", "client", "auth", "select", "readonly", "ping",
+		"info": // the Store's check of the eviction policy, once per Store
+
 		return true
 	}
 	return false
@@ -163,7 +165,7 @@ func (d *deployment) admin(t testing.TB) redis.UniversalClient { return d.client
 func subscribe(t *testing.T, s *Store) (guard.Subscription, <-chan string) {
 	t.Helper()
 	got := make(chan string, 16)
-	sub, err := s.Subscribe(func(n string) { got <- n })
+	sub, err := s.Subscribe(func(n guard.Notice) { got <- n.Name })
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub, got
@@ -172,7 +174,7 @@ func subscribe(t *testing.T, s *Store) (guard.Subscription, <-chan string) {
 // takeAndRelease takes name on s and releases it at once: one release notification.
 func takeAndRelease(t *testing.T, s *Store, name string) {
 	t.Helper()
-	_, err := s.Acquire(t.Context(), name, "tok", time.Minute)
+	_, err := s.Acquire(t.Context(), guard.Request{Name: name, Token: "tok", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, s.Release(t.Context(), name, "tok", 0))
 }
@@ -292,11 +294,11 @@ func testOwnership(t *testing.T, d *deployment) {
 	adm := d.admin(t)
 	name := uniqueName(t, "x")
 
-	fenceA, err := a.Acquire(ctx, name, "token-a", time.Minute)
+	fenceA, err := a.Acquire(ctx, guard.Request{Name: name, Token: "token-a", TTL: time.Minute})
 	require.NoError(t, err)
 	assert.NotZero(t, fenceA)
 
-	_, err = b.Acquire(ctx, name, "token-b", time.Minute)
+	_, err = b.Acquire(ctx, guard.Request{Name: name, Token: "token-b", TTL: time.Minute})
 	require.ErrorIs(t, err, guard.ErrNotAcquired)
 
 	// B can neither extend nor release A's lock, and trying leaves it as it was.
@@ -305,7 +307,7 @@ func testOwnership(t *testing.T, d *deployment) {
 	require.ErrorIs(t, errs[0], guard.ErrNotHeld)
 	require.ErrorIs(t, b.Release(ctx, name, "token-b", 0), guard.ErrNotHeld)
 	require.ErrorIs(t, b.Release(ctx, name, "token-b", time.Second), guard.ErrNotHeld)
-	owner, err := adm.Get(ctx, a.lockKey(name)).Result()
+	owner, err := adm.HGet(ctx, a.lockKey(name), "token").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "token-a", owner)
 	left := pttl(t, adm, a.lockKey(name))
@@ -316,7 +318,7 @@ func testOwnership(t *testing.T, d *deployment) {
 	assert.Equal(t, int64(-2), pttl(t, adm, a.lockKey(name)), "release deletes the lock key")
 	require.ErrorIs(t, a.Release(ctx, name, "token-a", 0), guard.ErrNotHeld, "second release")
 
-	fenceB, err := b.Acquire(ctx, name, "token-b", time.Minute)
+	fenceB, err := b.Acquire(ctx, guard.Request{Name: name, Token: "token-b", TTL: time.Minute})
 	require.NoError(t, err)
 	assert.Greater(t, fenceB, fenceA)
 	require.NoError(t, b.Release(ctx, name, "token-b", 0))
@@ -329,11 +331,11 @@ func testBusy(t *testing.T, d *deployment) {
 	adm := d.admin(t)
 	name := uniqueName(t, "x")
 
-	_, err := a.Acquire(ctx, name, "token-a", 10*time.Second)
+	_, err := a.Acquire(ctx, guard.Request{Name: name, Token: "token-a", TTL: 10 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = a.Release(context.Background(), name, "token-a", 0) })
 
-	_, err = b.Acquire(ctx, name, "token-b", time.Minute)
+	_, err = b.Acquire(ctx, guard.Request{Name: name, Token: "token-b", TTL: time.Minute})
 	var busy *guard.BusyError
 	require.ErrorAs(t, err, &busy)
 	assert.ErrorIs(t, err, guard.ErrNotAcquired)
@@ -344,9 +346,9 @@ func testBusy(t *testing.T, d *deployment) {
 
 	// A key without expiry (written by something else) is busy with an unknown remainder.
 	other := uniqueName(t, "forever")
-	require.NoError(t, adm.Set(ctx, b.lockKey(other), "someone", 0).Err())
+	require.NoError(t, adm.HSet(ctx, b.lockKey(other), "token", "someone").Err())
 	t.Cleanup(func() { adm.Del(context.Background(), b.lockKey(other)) })
-	_, err = b.Acquire(ctx, other, "token-b", time.Minute)
+	_, err = b.Acquire(ctx, guard.Request{Name: other, Token: "token-b", TTL: time.Minute})
 	require.ErrorAs(t, err, &busy)
 	assert.Zero(t, busy.Remaining)
 }
@@ -374,7 +376,7 @@ func testContention(t *testing.T, d *deployment) {
 			wg.Go(func() {
 				tok := fmt.Sprintf("r%d-c%d", r, i)
 				<-start
-				f, err := s.Acquire(t.Context(), name, tok, time.Minute)
+				f, err := s.Acquire(t.Context(), guard.Request{Name: name, Token: tok, TTL: time.Minute})
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -405,7 +407,7 @@ func testFenceMonotonic(t *testing.T, d *deployment) {
 	var last uint64
 	for i := range 6 {
 		tok := fmt.Sprint("token-", i)
-		f, err := s.Acquire(ctx, name, tok, time.Minute)
+		f, err := s.Acquire(ctx, guard.Request{Name: name, Token: tok, TTL: time.Minute})
 		require.NoError(t, err)
 		require.Greater(t, f, last, "acquisition %d", i)
 		last = f
@@ -416,14 +418,24 @@ func testFenceMonotonic(t *testing.T, d *deployment) {
 			require.NoError(t, adm.Del(ctx, key).Err())
 		}
 	}
-	assert.Equal(t, int64(-1), pttl(t, adm, key+fenceSuffix), "the fence key never expires")
+	left := pttl(t, adm, key+fenceSuffix)
+	assert.Greater(t, left, int64(time.Minute/time.Millisecond), "the fence key outlives the lease")
+	assert.LessOrEqual(t, left, int64((time.Minute+fenceRetention)/time.Millisecond), "the fence key outlives the lease by fenceRetention")
 	got, err := adm.Get(ctx, key+fenceSuffix).Result()
 	require.NoError(t, err)
 	assert.Equal(t, fmt.Sprint(last), got, "release keeps the fence")
 
+	// Without the fence key — it expired, or the server lost its data — the server's clock
+	// still puts the next fence above the last.
+	require.NoError(t, adm.Del(ctx, key+fenceSuffix).Err())
+	f, err := s.Acquire(ctx, guard.Request{Name: name, Token: "after-loss", TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Greater(t, f, last, "the fence went backwards without its counter")
+	require.NoError(t, s.Release(ctx, name, "after-loss", 0))
+
 	// Fences are exact beyond 2^53, where a Lua number would round.
 	require.NoError(t, adm.Set(ctx, key+fenceSuffix, "9007199254740993", 0).Err())
-	f, err := s.Acquire(ctx, name, "big", time.Minute)
+	f, err = s.Acquire(ctx, guard.Request{Name: name, Token: "big", TTL: time.Minute})
 	require.NoError(t, err)
 	assert.Equal(t, uint64(9007199254740994), f)
 	require.NoError(t, s.Release(ctx, name, "big", 0))
@@ -435,7 +447,7 @@ func testExtend(t *testing.T, d *deployment) {
 	adm := d.admin(t)
 	held, other, gone := uniqueName(t, "held"), uniqueName(t, "other"), uniqueName(t, "gone")
 	for _, n := range []string{held, other} {
-		_, err := s.Acquire(ctx, n, "token-"+n, time.Second)
+		_, err := s.Acquire(ctx, guard.Request{Name: n, Token: "token-" + n, TTL: time.Second})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Release(context.Background(), n, "token-"+n, 0) })
 	}
@@ -471,7 +483,7 @@ func testMinHoldKeep(t *testing.T, d *deployment) {
 	kept, freed := names[0], names[1]
 	sub, got := subscribe(t, b)
 	for _, n := range names {
-		_, err := s.Acquire(ctx, n, "token", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: n, Token: "token", TTL: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, sub.Watch(ctx, n))
 	}
@@ -480,20 +492,21 @@ func testMinHoldKeep(t *testing.T, d *deployment) {
 	left := pttl(t, adm, s.lockKey(kept))
 	assert.Greater(t, left, int64(0))
 	assert.LessOrEqual(t, left, int64(3000), "the lease is shortened to keep")
-	owner, err := adm.Get(ctx, s.lockKey(kept)).Result()
+	owner, err := adm.HGet(ctx, s.lockKey(kept), "token").Result()
 	require.NoError(t, err)
-	assert.Equal(t, "token", owner)
-	_, err = b.Acquire(ctx, kept, "token-b", time.Minute)
+	assert.Empty(t, owner, "a kept lock has no owner: no renewal of the old token can match")
+	_, err = b.Acquire(ctx, guard.Request{Name: kept, Token: "token-b", TTL: time.Minute})
 	require.ErrorIs(t, err, guard.ErrNotAcquired, "kept locked for the rest of the window")
+	_, err = s.Acquire(ctx, guard.Request{Name: kept, Token: "token", TTL: time.Minute})
+	require.ErrorIs(t, err, guard.ErrNotAcquired, "the old owner's retry must not take a kept lock back")
+	errs := s.Extend(ctx, []guard.Lease{{Name: kept, Token: "token", TTL: time.Minute}})
+	require.ErrorIs(t, errs[0], guard.ErrNotHeld, "a late renewal must not extend a kept lock")
+	assert.LessOrEqual(t, pttl(t, adm, s.lockKey(kept)), int64(3000), "the late renewal shortened or lengthened the window")
 
-	// Freeing the other name publishes after anything the kept release might have sent.
+	// A keep is announced, so that waiters learn when the window ends; then the release.
+	expectNotified(t, got, kept, "a release with keep")
 	require.NoError(t, s.Release(ctx, freed, "token", 0))
-	select {
-	case n := <-got:
-		assert.Equal(t, freed, n, "a release with keep must not notify")
-	case <-time.After(notifyWait):
-		t.Fatal("no notification for the freed name")
-	}
+	expectNotified(t, got, freed, "a release")
 }
 
 // mastersOf returns how many masters hold the lock keys of names.
@@ -523,17 +536,17 @@ func testRoundTrips(t *testing.T, d *deployment) {
 	}
 	name := uniqueName(t, "x")
 	// Load the scripts and open connections first.
-	_, err := s.Acquire(ctx, name, "warm", time.Minute)
+	_, err := s.Acquire(ctx, guard.Request{Name: name, Token: "warm", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, s.Extend(ctx, []guard.Lease{{Name: name, Token: "warm", TTL: time.Minute}})[0])
 	require.NoError(t, s.Release(ctx, name, "warm", 0))
 
 	assert.Equal(t, int64(1), trips(func() {
-		_, err := s.Acquire(ctx, name, "tok", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: name, Token: "tok", TTL: time.Minute})
 		require.NoError(t, err)
 	}), "acquire")
 	assert.Equal(t, int64(1), trips(func() {
-		_, err := s.Acquire(ctx, name, "tok2", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: name, Token: "tok2", TTL: time.Minute})
 		require.ErrorIs(t, err, guard.ErrNotAcquired)
 	}), "busy acquire")
 	assert.Equal(t, int64(1), trips(func() {
@@ -541,9 +554,12 @@ func testRoundTrips(t *testing.T, d *deployment) {
 	}), "extend")
 	assert.Equal(t, int64(1), trips(func() { require.NoError(t, s.Release(ctx, name, "tok", time.Second)) }),
 		"release with keep")
-	_, err = other.Acquire(ctx, name, "tok", time.Minute) // make sure keep left it locked
+	_, err = other.Acquire(ctx, guard.Request{Name: name, Token: "tok2", TTL: time.Minute}) // make sure keep left it locked
 	require.ErrorIs(t, err, guard.ErrNotAcquired)
-	assert.Equal(t, int64(1), trips(func() { require.NoError(t, s.Release(ctx, name, "tok", 0)) }), "release")
+	freed := uniqueName(t, "freed")
+	_, err = s.Acquire(ctx, guard.Request{Name: freed, Token: "tok", TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), trips(func() { require.NoError(t, s.Release(ctx, freed, "tok", 0)) }), "release")
 
 	// A batch of leases spread over the Cluster's slots: one pipeline, one round trip per node.
 	const n = 24
@@ -551,7 +567,7 @@ func testRoundTrips(t *testing.T, d *deployment) {
 	names := make([]string, n)
 	for i := range leases {
 		names[i] = uniqueName(t, fmt.Sprint(i))
-		_, err := s.Acquire(ctx, names[i], "tok", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: names[i], Token: "tok", TTL: time.Minute})
 		require.NoError(t, err)
 		leases[i] = guard.Lease{Name: names[i], Token: "tok", TTL: time.Minute}
 		t.Cleanup(func() { _ = s.Release(context.Background(), names[i], "tok", 0) })
@@ -587,15 +603,15 @@ func testNoScript(t *testing.T, d *deployment) {
 
 	d.flushScripts(t)
 	assert.Equal(t, int64(2), trips(func() {
-		_, err := s.Acquire(ctx, names[0], "tok", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: names[0], Token: "tok", TTL: time.Minute})
 		require.NoError(t, err)
 	}), "acquire after SCRIPT FLUSH: EVALSHA, then EVAL")
 	assert.Equal(t, int64(1), trips(func() {
-		_, err := s.Acquire(ctx, names[0], "tok2", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: names[0], Token: "tok2", TTL: time.Minute})
 		require.ErrorIs(t, err, guard.ErrNotAcquired)
 	}), "EVAL cached the script again")
 	for _, n := range names[1:] {
-		_, err := s.Acquire(ctx, n, "tok", time.Minute)
+		_, err := s.Acquire(ctx, guard.Request{Name: n, Token: "tok", TTL: time.Minute})
 		require.NoError(t, err)
 	}
 
@@ -652,7 +668,7 @@ func testNames(t *testing.T, d *deployment) {
 			require.Equal(t, lock, fence, "%q: lock and fence keys in different slots", name)
 		}
 
-		f1, err := s.Acquire(ctx, name, "tok", time.Minute)
+		f1, err := s.Acquire(ctx, guard.Request{Name: name, Token: "tok", TTL: time.Minute})
 		require.NoError(t, err, "%q", name)
 		require.NoError(t, s.Extend(ctx, []guard.Lease{{Name: name, Token: "tok", TTL: time.Minute}})[0], "%q", name)
 		require.NoError(t, sub.Watch(ctx, name), "%q", name)
@@ -669,7 +685,7 @@ func testNames(t *testing.T, d *deployment) {
 		}
 		done[name] = true
 		sub.Unwatch(name)
-		f2, err := s.Acquire(ctx, name, "tok", time.Minute)
+		f2, err := s.Acquire(ctx, guard.Request{Name: name, Token: "tok", TTL: time.Minute})
 		require.NoError(t, err, "%q", name)
 		require.Greater(t, f2, f1)
 		require.NoError(t, s.Release(ctx, name, "tok", 0))
@@ -685,7 +701,7 @@ func testNotify(t *testing.T, d *deployment) {
 	for i := range got {
 		got[i] = make(chan string, 16)
 		w, _ := d.counted(t)
-		sub, err := w.Subscribe(func(n string) { got[i] <- n })
+		sub, err := w.Subscribe(func(n guard.Notice) { got[i] <- n.Name })
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, sub.Close()) })
 		require.NoError(t, sub.Watch(ctx, name))
@@ -706,7 +722,7 @@ func testUnwatch(t *testing.T, d *deployment) {
 	holder, _ := d.counted(t)
 	w, _ := d.counted(t)
 	got := make(chan string, 16)
-	sub, err := w.Subscribe(func(n string) { got <- n })
+	sub, err := w.Subscribe(func(n guard.Notice) { got <- n.Name })
 	require.NoError(t, err)
 	names := sameSlot(uniqueName(t, ""), "a", "b")
 	a, b := names[0], names[1]
@@ -733,7 +749,7 @@ func testUnwatch(t *testing.T, d *deployment) {
 
 func testWatchContext(t *testing.T, d *deployment) {
 	w, _ := d.counted(t)
-	sub, err := w.Subscribe(func(string) {})
+	sub, err := w.Subscribe(func(guard.Notice) {})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	ctx, cancel := context.WithCancel(t.Context())
@@ -854,14 +870,14 @@ func TestServerDown(t *testing.T) {
 	s := New(c)
 	ctx := t.Context()
 	name := uniqueName(t, "x")
-	_, err := s.Acquire(ctx, name, "tok", time.Minute)
+	_, err := s.Acquire(ctx, guard.Request{Name: name, Token: "tok", TTL: time.Minute})
 	require.NoError(t, err)
-	sub, err := s.Subscribe(func(string) {})
+	sub, err := s.Subscribe(func(guard.Notice) {})
 	require.NoError(t, err)
 	require.NoError(t, sub.Watch(ctx, name))
 
 	r.Kill()
-	_, err = s.Acquire(ctx, name, "tok2", time.Minute)
+	_, err = s.Acquire(ctx, guard.Request{Name: name, Token: "tok2", TTL: time.Minute})
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, guard.ErrNotAcquired)
 	errs := s.Extend(ctx, []guard.Lease{{Name: name, Token: "tok", TTL: time.Minute}})

@@ -281,6 +281,9 @@ type holdKey struct{}
 type holding struct {
 	k    *kind
 	span trace.Span // the hold span
+	// recorded tells whether the hold span records: it stops recording when it ends, at a
+	// loss, and the release that may follow still gets its span.
+	recorded bool
 	// counted is true while the lock counts in guard.lock.held; the first of loss, lease end
 	// and release takes it down.
 	counted atomic.Bool
@@ -357,7 +360,7 @@ func (o *Observer) AcquireEnd(ctx context.Context, a *guard.Acquisition, l *guar
 			hspan.AddLink(trace.Link{SpanContext: span.SpanContext()})
 		}
 	}
-	h := &holding{k: k, span: hspan}
+	h := &holding{k: k, span: hspan, recorded: hspan.IsRecording()}
 	h.counted.Store(true)
 	o.held.Add(ctx, 1, k.base...)
 	return context.WithValue(hctx, holdKey{}, h)
@@ -394,11 +397,16 @@ func (o *Observer) LockEvent(l *guard.Lock, e guard.LockEvent) {
 		if h.counted.CompareAndSwap(true, false) {
 			o.held.Add(ctx, -1, k.base...)
 		}
+		// The lock is held no more: the hold span ends here, whether or not the work ever
+		// releases it.
 		if h.span.IsRecording() {
 			msg := errText(e.Err)
 			h.span.AddEvent(eventName(e.Kind), trace.WithTimestamp(e.At),
 				trace.WithAttributes(ErrorKey.String(msg)))
 			h.span.SetStatus(codes.Error, msg)
+			h.span.End(trace.WithTimestamp(e.At))
+		} else {
+			h.span.End()
 		}
 	case guard.EventReleased:
 		start := e.At.Add(-e.Duration)
@@ -406,7 +414,7 @@ func (o *Observer) LockEvent(l *guard.Lock, e guard.LockEvent) {
 		if h.counted.CompareAndSwap(true, false) {
 			o.held.Add(ctx, -1, k.base...)
 		}
-		if h.span.IsRecording() {
+		if h.recorded {
 			_, rspan := o.tracer.Start(ctx, k.releaseName, trace.WithTimestamp(start), k.spanAttrs[0])
 			if e.Err != nil {
 				rspan.RecordError(e.Err)

@@ -60,14 +60,22 @@ func (tel *telemetry) observer(opts ...tracing.Option) *tracing.Observer {
 	}, opts...)...)
 }
 
-// span returns the one ended span called name.
+// span returns the one ended span called name. It waits a little for it: the Guard reports
+// the watchdog's events (a loss, a lease running out) from a goroutine of its own.
 func (tel *telemetry) span(t *testing.T, name string) sdktrace.ReadOnlySpan {
 	t.Helper()
 	var found []sdktrace.ReadOnlySpan
-	for _, s := range tel.spans.Ended() {
-		if s.Name() == name {
-			found = append(found, s)
+	ended := func() bool {
+		found = found[:0]
+		for _, s := range tel.spans.Ended() {
+			if s.Name() == name {
+				found = append(found, s)
+			}
 		}
+		return len(found) > 0
+	}
+	if !ended() {
+		assert.Eventually(t, ended, 5*time.Second, time.Millisecond)
 	}
 	require.Len(t, found, 1, "spans called %q among %v", name, spanNames(tel.spans.Ended()))
 	return found[0]
@@ -298,7 +306,7 @@ type broken struct{ *memstore.Store }
 
 var errUnreachable = errors.New("dial tcp 127.0.0.1:6379: connection refused")
 
-func (broken) Acquire(context.Context, string, string, time.Duration) (uint64, error) {
+func (broken) Acquire(context.Context, guard.Request) (uint64, error) {
 	return 0, errUnreachable
 }
 

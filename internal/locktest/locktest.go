@@ -79,9 +79,10 @@ func newGuard(t testing.TB, h Harness, opts ...guard.Option) (*guard.Guard, Targ
 
 // recorder is an Observer that keeps what the suite checks: acquisitions and lock events.
 type recorder struct {
-	mu     sync.Mutex // protects acqs and events
-	acqs   []guard.Acquisition
-	events []recorded
+	mu      sync.Mutex // protects acqs, events and changed
+	acqs    []guard.Acquisition
+	events  []recorded
+	changed chan struct{} // closed (and replaced) when an event comes in
 }
 
 type recorded struct {
@@ -103,7 +104,34 @@ func (r *recorder) AcquireEnd(ctx context.Context, a *guard.Acquisition, _ *guar
 func (r *recorder) LockEvent(l *guard.Lock, e guard.LockEvent) {
 	r.mu.Lock()
 	r.events = append(r.events, recorded{name: l.Name(), ev: e})
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
 	r.mu.Unlock()
+}
+
+// awaitEvent waits until the observer has heard an event of kind k for name, and returns the
+// events of that kind: the Guard delivers the watchdog's events on a goroutine of its own.
+func (r *recorder) awaitEvent(t testing.TB, name string, k guard.EventKind) []guard.LockEvent {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		r.mu.Lock()
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		changed := r.changed
+		r.mu.Unlock()
+		if evs := r.eventsOf(name, k); len(evs) > 0 {
+			return evs
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("no %v event for %q", k, name)
+		}
+	}
 }
 
 // eventsOf returns the events of kind k for name.

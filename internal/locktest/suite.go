@@ -136,6 +136,7 @@ func testWatchdog(t *testing.T, h Harness) {
 	}
 	require.NoError(t, l.Release(t.Context()))
 
+	rec.awaitEvent(t, name, guard.EventReleased) // the last event: all before it are in
 	renewals := rec.eventsOf(name, guard.EventRenewed)
 	require.GreaterOrEqual(t, len(renewals), 12, "about 16 renewals expected in 5.5 TTLs at TTL/3")
 	var gaps []time.Duration
@@ -205,7 +206,7 @@ func testLoss(t *testing.T, h Harness) {
 			t.Fatal("the holder's context outlived its lock after the server died")
 		}
 		require.ErrorIs(t, l.Err(), guard.ErrLockLost)
-		lost := rec.eventsOf(name, guard.EventLost)
+		lost := rec.awaitEvent(t, name, guard.EventLost)
 		require.Len(t, lost, 1)
 		assert.True(t, lost[0].At.Before(expiryOf(deadline, killTTL)),
 			"lost at %v, after the lease could have ended (%v)", lost[0].At, expiryOf(deadline, killTTL))
@@ -243,7 +244,7 @@ func testLeaseTime(t *testing.T, h Harness) {
 	deadline := l.Deadline()
 	<-l.Done()
 	require.ErrorIs(t, l.Err(), guard.ErrLeaseExpired)
-	expired := rec.eventsOf(name, guard.EventLeaseExpired)
+	expired := rec.awaitEvent(t, name, guard.EventLeaseExpired)
 	require.Len(t, expired, 1)
 	assert.True(t, expired[0].At.Before(expiryOf(deadline, lease)),
 		"expired at %v, after the lease could have ended (%v)", expired[0].At, expiryOf(deadline, lease))
@@ -408,9 +409,15 @@ func testWake(t *testing.T, holder, waiter *guard.Guard, sp *Spy, rec *recorder)
 	latency := time.Since(released)
 	a, _ := rec.lastAcquisition(name)
 	t.Logf("woken %v after release; %d attempts, %d wake-ups", latency, a.Attempts, a.Wakeups)
+	assert.Less(t, latency, time.Second, "woken only by a fallback, not by the release")
+	if _, notices := sp.Backend.(guard.Notifier); !notices {
+		// Without notifications the waiter also re-tries on a short backoff, and on a slow
+		// server that re-try can be on the wire when the release wakes it: then the re-try,
+		// not the wake-up, takes the lock. The latency above is what counts.
+		return
+	}
 	assert.GreaterOrEqual(t, a.Wakeups, 1, "the wait did not end by a release notification")
 	assert.LessOrEqual(t, a.Attempts, 3, "the waiter polled")
-	assert.Less(t, latency, time.Second, "woken only by a fallback, not by the release")
 	require.NoError(t, w.Release(t.Context()))
 }
 

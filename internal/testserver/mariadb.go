@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,23 +29,25 @@ const mariadbHint = "install them with: apt-get install -y mariadb-server " +
 // process on a free loopback port, with its data in a temporary directory — or the server
 // that GUARD_MYSQL_DSN names. Either way the test gets a database of its own.
 type MySQL struct {
+	// Process is the mariadbd the test started (Port, Exited); nil on a server from
+	// GUARD_MYSQL_DSN. Kill, Restart, Pause, Resume and Output are MySQL's own.
+	*Process
+
+	// Addr is the server's host:port.
+	Addr string
 	// DSN reaches Database as root (or as GUARD_MYSQL_DSN's user), in go-sql-driver syntax.
 	DSN string
 	// Database is a database name no other test uses; it is dropped when the test ends on
-	// a server from GUARD_MYSQL_DSN, and dies with the temporary directory otherwise.
+	// a server from GUARD_MYSQL_DSN, and dies with the data directory otherwise.
 	Database string
 	// External reports that the server came from GUARD_MYSQL_DSN: it cannot be killed,
 	// restarted or paused.
 	External bool
-	// Addr is the server's host:port.
-	Addr string
 	// Dir holds the data directory and the socket of a server the test started.
 	Dir string
 
-	tb   testing.TB
-	bin  string   // mariadbd
-	args []string // its arguments, the same for a restart
-	proc *Process
+	tb  testing.TB
+	cfg *mysql.Config // root on the server, no database
 }
 
 // StartMySQL returns a fresh database on the server GUARD_MYSQL_DSN names when that variable
@@ -61,10 +62,10 @@ func StartMySQL(tb testing.TB) *MySQL {
 	if err != nil {
 		tb.Fatalf("testserver: %s: %v", MySQLDSNEnv, err)
 	}
-	m := &MySQL{Database: databaseName(tb), External: true, Addr: cfg.Addr, tb: tb}
-	m.createDatabase(cfg)
+	m := &MySQL{Database: databaseName(tb), External: true, Addr: cfg.Addr, tb: tb, cfg: cfg}
+	m.createDatabase()
 	tb.Cleanup(func() {
-		db, err := openRoot(cfg)
+		db, err := m.open()
 		if err != nil {
 			tb.Errorf("testserver: %v", err)
 			return
@@ -77,10 +78,12 @@ func StartMySQL(tb testing.TB) *MySQL {
 	return m
 }
 
-// StartMariaDB initialises a data directory with mariadb-install-db and starts mariadbd on a
-// free loopback port, without binary logs, and creates a database for the test. The server
-// is killed when the test ends. Tests that kill, restart or pause the server use it even when
-// GUARD_MYSQL_DSN is set.
+// StartMariaDB initialises a data directory with mariadb-install-db, starts mariadbd on a free
+// loopback port without binary logs, waits until it answers, and creates a database for the
+// test. The server is killed when the test ends. Its writes are durable as MariaDB makes them
+// by default (the redo log is flushed at every commit), so a server killed and restarted has
+// every transaction it acknowledged. Tests that kill, restart or pause the server use it even
+// when GUARD_MYSQL_DSN is set.
 func StartMariaDB(tb testing.TB) *MySQL {
 	tb.Helper()
 	install, server := mariadbBinary(tb, "mariadb-install-db"), mariadbBinary(tb, "mariadbd")
@@ -90,7 +93,7 @@ func StartMariaDB(tb testing.TB) *MySQL {
 	if err != nil {
 		tb.Fatalf("testserver: %v", err)
 	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) }) // registered first: runs after the kill
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) }) // registered before Start's: runs after the kill
 	data := filepath.Join(dir, "data")
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
@@ -101,64 +104,55 @@ func StartMariaDB(tb testing.TB) *MySQL {
 	}
 
 	port := FreePort(tb)
-	m := &MySQL{
-		Database: databaseName(tb),
-		Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		Dir:      dir,
-		tb:       tb,
-		bin:      server,
-		args: []string{
-			"--no-defaults",
-			"--datadir=" + data,
-			"--user=root",
-			"--port=" + strconv.Itoa(port),
-			"--bind-address=127.0.0.1",
-			"--socket=" + filepath.Join(dir, "sock"),
-			"--skip-log-bin",
-			"--max-connections=1000", // every Guard of a test has a pool of its own
-		},
-	}
-	m.start()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	cfg := mysql.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr = "root", "tcp", m.Addr
-	m.createDatabase(cfg)
+	cfg.User, cfg.Net, cfg.Addr = "root", "tcp", addr
+	m := &MySQL{Database: databaseName(tb), Addr: addr, Dir: dir, tb: tb, cfg: cfg}
+	m.Process = Start(tb, addr, mariadbHint, server,
+		"--no-defaults",
+		"--datadir="+data,
+		"--user=root",
+		"--port="+strconv.Itoa(port),
+		"--bind-address=127.0.0.1",
+		"--socket="+filepath.Join(dir, "sock"),
+		"--skip-log-bin",
+		"--max-connections=1000", // every Guard of a test has a pool of its own
+	)
+	m.waitReady(tb)
+	m.createDatabase()
 	return m
 }
 
-// start runs mariadbd and waits until it answers a query.
-func (m *MySQL) start() {
-	m.tb.Helper()
-	m.proc = Start(m.tb, m.Addr, mariadbHint, m.bin, m.args...)
-	cfg := mysql.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr = "root", "tcp", m.Addr
-	db, err := openRoot(cfg)
-	if err == nil {
-		db.Close()
-		return
+// waitReady polls the server until it answers a ping: mariadbd listens before it has
+// finished recovering its data.
+func (m *MySQL) waitReady(tb testing.TB) {
+	tb.Helper()
+	db, err := m.open()
+	if err != nil {
+		tb.Fatalf("testserver: mariadbd on %s: %v\n%s", m.Addr, err, m.Output())
 	}
-	m.proc.Kill()
-	m.tb.Fatalf("testserver: mariadbd on %s: %v\n%s", m.Addr, err, m.proc.Output())
+	db.Close()
 }
 
-// createDatabase creates m.Database on the server cfg reaches and sets m.DSN to it.
-func (m *MySQL) createDatabase(cfg *mysql.Config) {
+// createDatabase creates m.Database and sets m.DSN to it.
+func (m *MySQL) createDatabase() {
 	m.tb.Helper()
-	db, err := openRoot(cfg)
+	db, err := m.open()
 	if err != nil {
 		m.tb.Fatalf("testserver: %v", err)
 	}
 	defer db.Close()
 	if _, err := db.Exec("CREATE DATABASE `" + m.Database + "`"); err != nil {
-		m.tb.Fatalf("testserver: create database %s on %s: %v", m.Database, cfg.Addr, err)
+		m.tb.Fatalf("testserver: create database %s on %s: %v", m.Database, m.cfg.Addr, err)
 	}
-	cfg = cfg.Clone()
+	cfg := m.cfg.Clone()
 	cfg.DBName = m.Database
 	m.DSN = cfg.FormatDSN()
 }
 
-// openRoot opens cfg without its database and waits until the server answers.
-func openRoot(cfg *mysql.Config) (*sql.DB, error) {
-	cfg = cfg.Clone()
+// open connects to the server without a database and waits until it answers.
+func (m *MySQL) open() (*sql.DB, error) {
+	cfg := m.cfg.Clone()
 	cfg.DBName = ""
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
@@ -167,83 +161,76 @@ func openRoot(cfg *mysql.Config) (*sql.DB, error) {
 	db := sql.OpenDB(connector)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	for {
-		err := db.PingContext(ctx)
-		if err == nil {
-			return db, nil
+	err = poll(ctx, 20*time.Millisecond, func() error {
+		if m.Process != nil && m.Exited() {
+			return errExited
 		}
-		select {
-		case <-ctx.Done():
-			db.Close()
-			return nil, fmt.Errorf("%s does not answer after %v: %w", cfg.Addr, readyTimeout, err)
-		case <-time.After(20 * time.Millisecond):
-		}
+		return db.PingContext(ctx)
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%s does not answer: %w", cfg.Addr, err)
 	}
+	return db, nil
 }
 
 // Kill stops the server at once (SIGKILL, as a crash would): open connections break and new
 // ones are refused. Its data directory stays, for Restart.
 func (m *MySQL) Kill() {
 	m.local("Kill")
-	m.proc.Kill()
+	m.Process.Kill()
 }
 
-// Restart starts the killed server again on the same port and data directory, as a crashed
-// server that comes back, and waits until it answers.
-func (m *MySQL) Restart() {
-	m.tb.Helper()
+// Restart starts the server again on the same port and data directory — a server that still
+// runs is killed first — and waits until it has recovered and answers. It comes back with
+// every transaction it committed.
+func (m *MySQL) Restart(tb testing.TB) {
+	tb.Helper()
 	m.local("Restart")
-	m.proc.Kill()
-	m.start()
+	m.Process.Restart(tb)
+	m.waitReady(tb)
 }
 
-// Pause stops the server (SIGSTOP: a frozen VM, a stalled disk) and returns once every one of
-// its threads has stopped. Connections stay open and requests hang until Resume.
-func (m *MySQL) Pause() {
-	m.tb.Helper()
-	m.signal("Pause", syscall.SIGSTOP)
-	if err := waitStopped(m.proc.cmd.Process.Pid, readyTimeout); err != nil {
-		m.tb.Fatalf("testserver: pause mariadbd: %v", err)
+// Pause stops the server (SIGSTOP: a frozen VM, a stalled host) and returns once every one of
+// its threads has stopped. Connections stay open and requests hang until Resume (or the end
+// of the test).
+func (m *MySQL) Pause(tb testing.TB) {
+	tb.Helper()
+	m.local("Pause")
+	m.Process.Pause(tb)
+	// Process.Pause waits for the main thread only; a mariadbd connection thread that was
+	// running when the signal came can still answer a request until it stops too.
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := poll(ctx, time.Millisecond, func() error { return allStopped(m.current().cmd.Process.Pid) }); err != nil {
+		tb.Fatalf("testserver: pause mariadbd on %s: %v", m.Addr, err)
 	}
 }
 
 // Resume continues a paused server (SIGCONT).
-func (m *MySQL) Resume() { m.signal("Resume", syscall.SIGCONT) }
-
-func (m *MySQL) signal(op string, sig syscall.Signal) {
-	m.tb.Helper()
-	m.local(op)
-	if err := m.proc.cmd.Process.Signal(sig); err != nil {
-		m.tb.Fatalf("testserver: %s mariadbd: %v", op, err)
-	}
+func (m *MySQL) Resume(tb testing.TB) {
+	tb.Helper()
+	m.local("Resume")
+	m.Process.Resume(tb)
 }
 
-// waitStopped polls /proc until every thread of process pid is stopped: kill(2) returns
-// before a busy thread has taken the SIGSTOP, and it could still answer a request.
-func waitStopped(pid int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
-		running := len(stats) == 0
-		for _, f := range stats {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				continue // the thread ended
-			}
-			// The state follows the command name, which is in parentheses.
-			if i := bytes.LastIndexByte(b, ')'); i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-				running = true
-				break
-			}
-		}
-		if !running {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("process %d not stopped after %v", pid, limit)
-		}
-		time.Sleep(time.Millisecond)
+// allStopped returns nil once every thread of process pid is stopped ('T' in /proc).
+func allStopped(pid int) error {
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(stats) == 0 {
+		return nil // no /proc to tell: the signal is delivered before a thread runs again
 	}
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		// The state follows the command name, which is in parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] != 'T' {
+			return fmt.Errorf("thread %s is in state %q", filepath.Base(filepath.Dir(f)), b[i+2])
+		}
+	}
+	return nil
 }
 
 // local fails the test when the server is not one the test started.
@@ -256,10 +243,10 @@ func (m *MySQL) local(op string) {
 
 // Output is what mariadbd printed so far ("" on a server from GUARD_MYSQL_DSN).
 func (m *MySQL) Output() string {
-	if m.proc == nil {
+	if m.Process == nil {
 		return ""
 	}
-	return m.proc.Output()
+	return m.Process.Output()
 }
 
 // mariadbBinary returns the path of a MariaDB program, which Debian puts in /usr/sbin (not on

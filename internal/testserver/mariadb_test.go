@@ -45,16 +45,16 @@ func TestMariaDBKillRestartPause(t *testing.T) {
 	m.Kill() // a second Kill is harmless
 	require.Error(t, db.PingContext(ctx), "a killed server must not answer")
 
-	m.Restart()
+	m.Restart(t)
 	var n int
 	require.NoError(t, db.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&n), "after the restart")
 	assert.Equal(t, 1, n, "a committed row was lost in the crash")
 
-	m.Pause()
+	m.Pause(t)
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	err = db.QueryRowContext(short, "SELECT COUNT(*) FROM t").Scan(&n)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a paused server answered")
-	m.Resume()
+	m.Resume(t)
 	require.NoError(t, db.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&n), "after resuming")
 }

@@ -3,11 +3,7 @@ package testserver
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -31,216 +27,120 @@ type Redis struct {
 	Dir string
 }
 
-// StartRedis starts one redis-server on a free loopback port, without persistence, in a
-// temporary directory. It is killed when the test ends.
-func StartRedis(tb testing.TB) *Redis {
-	tb.Helper()
-	return startRedis(tb)
+// RedisOption configures a redis-server that StartRedis starts.
+type RedisOption func(*redisConfig)
+
+// redisConfig is what RedisOptions set.
+type redisConfig struct {
+	persistent bool
+	extra      []string // more command-line arguments, after the defaults
 }
 
-// startRedis starts one redis-server with extra arguments appended to the defaults.
-func startRedis(tb testing.TB, extra ...string) *Redis {
+// WithPersistence makes the server log every write to an append-only file that it fsyncs
+// before it replies (--appendonly yes --appendfsync always), so that a server killed and
+// restarted (Restart) still has every write it acknowledged. Default: no persistence at all
+// (no AOF, no RDB snapshots), so a restarted server starts empty.
+func WithPersistence() RedisOption {
+	return func(c *redisConfig) { c.persistent = true }
+}
+
+// withArgs appends command-line arguments to the defaults.
+func withArgs(args ...string) RedisOption {
+	return func(c *redisConfig) { c.extra = append(c.extra, args...) }
+}
+
+// StartRedis starts one redis-server on a free loopback port, in a temporary directory,
+// without persistence unless WithPersistence is given, and waits until it answers PING. It is
+// killed when the test ends.
+func StartRedis(tb testing.TB, opts ...RedisOption) *Redis {
 	tb.Helper()
+	var c redisConfig
+	for _, o := range opts {
+		o(&c)
+	}
 	dir := tb.TempDir()
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
-	args := append(redisArgs(addr, dir), extra...)
-	return &Redis{Process: Start(tb, addr, redisHint, "redis-server", args...), Dir: dir}
+	args := append(redisArgs(addr, dir, c.persistent), c.extra...)
+	r := &Redis{Process: Start(tb, addr, redisHint, "redis-server", args...), Dir: dir}
+	r.waitReady(tb)
+	return r
 }
 
 // redisArgs are the command-line arguments every redis-server of the tests gets.
-func redisArgs(addr, dir string) []string {
+func redisArgs(addr, dir string, persistent bool) []string {
 	_, port, _ := net.SplitHostPort(addr)
-	return []string{
+	aof := []string{"--appendonly", "no"}
+	if persistent {
+		aof = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	return append([]string{
 		"--bind", "127.0.0.1",
 		"--port", port,
 		"--dir", dir,
 		"--save", "",
-		"--appendonly", "no",
 		"--protected-mode", "no",
 		"--logfile", "",
-	}
+		// A master that starts a full resync for a replica would wait 5 s for more replicas
+		// to share it.
+		"--repl-diskless-sync-delay", "0",
+		// A master pings its replicas this often (default 10 s), which moves the replication
+		// offset; a cluster lists a replica in CLUSTER SLOTS only once its offset is not 0.
+		"--repl-ping-replica-period", "1",
+	}, aof...)
 }
 
-// Cluster is a Redis Cluster of three masters and no replicas, each a child process of the
-// test.
-type Cluster struct {
-	Nodes []*Redis
-	Addrs []string // the masters' host:port, in start order
-}
-
-// StartCluster starts three cluster-enabled redis-servers, joins them into one cluster that
-// splits the 16384 slots between them, and waits until every node reports cluster_state:ok
-// and sees all slots covered. The nodes are killed when the test ends.
-func StartCluster(tb testing.TB) *Cluster {
+// Restart starts the server again on the same port, in the same directory and with the same
+// arguments, and waits until it answers PING (it has loaded its data). A server that still
+// runs is killed first (SIGKILL). It comes back with what it persisted: everything it
+// acknowledged under WithPersistence, nothing otherwise. A cluster node also keeps its
+// nodes.conf, so it rejoins its cluster.
+func (r *Redis) Restart(tb testing.TB) {
 	tb.Helper()
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		tb.Fatalf("testserver: redis-cli not found (%v); %s", err, redisHint)
-	}
-	c := &Cluster{}
-	for range 3 {
-		n := startRedis(tb,
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", // relative to --dir, so one per node
-			"--cluster-node-timeout", "5000",
-		)
-		c.Nodes = append(c.Nodes, n)
-		c.Addrs = append(c.Addrs, n.Addr)
-	}
+	r.Process.Restart(tb)
+	r.waitReady(tb)
+}
 
+// waitReady polls the server until it answers PING: a server that is still loading its data
+// answers LOADING.
+func (r *Redis) waitReady(tb testing.TB) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
+	rdb := newNodeClient(r.Addr)
+	defer rdb.Close()
+	err := poll(ctx, 10*time.Millisecond, func() error {
+		if r.Exited() {
+			return errExited
+		}
+		return rdb.Ping(ctx).Err()
+	})
 	if err != nil {
-		tb.Fatalf("testserver: redis-cli --cluster create %v: %v\n%s", c.Addrs, err, out)
-	}
-	if err := c.waitReady(ctx); err != nil {
-		tb.Fatalf("testserver: cluster %v not ready after %v: %v\nredis-cli said:\n%s",
-			c.Addrs, readyTimeout, err, out)
-	}
-	return c
-}
-
-// Kill stops every node at once (SIGKILL).
-func (c *Cluster) Kill() {
-	for _, n := range c.Nodes {
-		n.Kill()
+		tb.Fatalf("testserver: redis-server on %s does not answer PING: %v\n%s", r.Addr, err, r.Output())
 	}
 }
 
-// waitReady polls every node until each one reports cluster_state:ok and its CLUSTER SLOTS
-// covers all 16384 slots; it returns the last reason for not being ready when ctx ends.
-func (c *Cluster) waitReady(ctx context.Context) error {
-	clients := make([]*redis.Client, len(c.Addrs))
-	for i, addr := range c.Addrs {
-		clients[i] = redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, MaxRetries: -1})
-		defer clients[i].Close()
-	}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := clusterReady(ctx, clients)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-tick.C:
-		}
-	}
-}
-
-// clusterReady reports why the cluster is not usable yet from every node's point of view,
-// or nil.
-func clusterReady(ctx context.Context, clients []*redis.Client) error {
-	for _, rdb := range clients {
-		addr := rdb.Options().Addr
-		info, err := rdb.ClusterInfo(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("%s: CLUSTER INFO: %w", addr, err)
-		}
-		if !strings.Contains(info, "cluster_state:ok") {
-			return fmt.Errorf("%s: cluster_state is not ok", addr)
-		}
-		slots, err := rdb.ClusterSlots(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("%s: CLUSTER SLOTS: %w", addr, err)
-		}
-		covered := 0
-		for _, s := range slots {
-			covered += int(s.End-s.Start) + 1
-		}
-		if covered != 16384 {
-			return fmt.Errorf("%s: CLUSTER SLOTS covers %d of 16384 slots", addr, covered)
-		}
-	}
-	return nil
-}
-
-// SentinelMaster is the master name the Sentinel of StartSentinel monitors.
-const SentinelMaster = "guardmaster"
-
-// Sentinel is a redis-server master with one Redis Sentinel monitoring it, each a child
-// process of the test.
-type Sentinel struct {
-	Master     *Redis   // the monitored master
-	Sentinel   *Process // the sentinel
-	MasterName string   // the name the sentinel knows the master by (SentinelMaster)
-	Addr       string   // the sentinel's host:port
-}
-
-// StartSentinel starts a redis-server master and a redis-server --sentinel that monitors it
-// under SentinelMaster with a quorum of 1, and waits until the sentinel answers SENTINEL
-// get-master-addr-by-name with the master's address. Both are killed when the test ends.
-func StartSentinel(tb testing.TB) *Sentinel {
-	tb.Helper()
-	master := StartRedis(tb)
-	dir := tb.TempDir()
-	port := FreePort(tb)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-
-	// A sentinel needs a config file it can rewrite.
-	conf := filepath.Join(dir, "sentinel.conf")
-	var b strings.Builder
-	fmt.Fprintf(&b, "bind 127.0.0.1\nport %d\ndir %s\nprotected-mode no\n", port, dir)
-	fmt.Fprintf(&b, "sentinel monitor %s 127.0.0.1 %d 1\n", SentinelMaster, master.Port())
-	fmt.Fprintf(&b, "sentinel down-after-milliseconds %s 5000\n", SentinelMaster)
-	fmt.Fprintf(&b, "sentinel failover-timeout %s 10000\n", SentinelMaster)
-	if err := os.WriteFile(conf, []byte(b.String()), 0o600); err != nil {
-		tb.Fatalf("testserver: write %s: %v", conf, err)
-	}
-	s := &Sentinel{
-		Master:     master,
-		Sentinel:   Start(tb, addr, redisHint, "redis-server", conf, "--sentinel"),
-		MasterName: SentinelMaster,
-		Addr:       addr,
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
-	defer cancel()
-	if err := s.waitReady(ctx); err != nil {
-		tb.Fatalf("testserver: sentinel on %s not ready after %v: %v\n%s",
-			addr, readyTimeout, err, s.Sentinel.Output())
-	}
-	return s
-}
-
-// waitReady polls the sentinel until it names the master's address.
-func (s *Sentinel) waitReady(ctx context.Context) error {
-	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr, Protocol: 2, MaxRetries: -1})
-	defer sc.Close()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		got, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
-		if err == nil && len(got) == 2 && net.JoinHostPort(got[0], got[1]) == s.Master.Addr {
-			return nil
-		}
-		if err == nil {
-			err = fmt.Errorf("get-master-addr-by-name %s = %v, want %s", s.MasterName, got, s.Master.Addr)
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-tick.C:
-		}
-	}
-}
-
-// Kill stops the sentinel and the master at once (SIGKILL).
-func (s *Sentinel) Kill() {
-	s.Sentinel.Kill()
-	s.Master.Kill()
+// newNodeClient returns a client of one server for the helpers' own checks: RESP2, no
+// retries, one connection, short timeouts so that a paused or dead server fails a check
+// instead of hanging it.
+func newNodeClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: addr, Protocol: 2, MaxRetries: -1, PoolSize: 1,
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+	})
 }
 
 // RedisInfo returns the fields that INFO section reports on the redis-server at addr, for
-// tests that check server-side counters (such as commandstats).
+// tests that check server-side counters (such as commandstats) or replication state: section
+// "replication" gives role (master or slave), connected_slaves, master_link_status (up or
+// down, on a replica), master_repl_offset and slave_repl_offset, among others.
 func RedisInfo(ctx context.Context, addr, section string) (map[string]string, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, MaxRetries: -1})
+	rdb := newNodeClient(addr)
 	defer rdb.Close()
+	return info(ctx, rdb, section)
+}
+
+// info returns the fields of an INFO section from rdb.
+func info(ctx context.Context, rdb *redis.Client, section string) (map[string]string, error) {
 	raw, err := rdb.Info(ctx, section).Result()
 	if err != nil {
 		return nil, err
