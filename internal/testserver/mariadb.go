@@ -198,8 +198,10 @@ func (m *MySQL) Pause(tb testing.TB) {
 	tb.Helper()
 	m.local("Pause")
 	m.Process.Pause(tb)
-	// Process.Pause waits for the main thread only; a mariadbd connection thread that was
-	// running when the signal came can still answer a request until it stops too.
+	// Process.Pause waits for the main thread's state. A group stop reaches each thread on
+	// its own, and a connection thread that has not stopped yet can still answer: without
+	// any wait, a query sent right after SIGSTOP was answered. Wait for every thread (in
+	// practice they have all stopped by the time the main thread has).
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	if err := poll(ctx, time.Millisecond, func() error { return allStopped(m.current().cmd.Process.Pid) }); err != nil {
