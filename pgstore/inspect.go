@@ -18,7 +18,7 @@ import (
 func (s *Store) Inspect(ctx context.Context, name string) (guard.LockInfo, error) {
 	info := guard.LockInfo{Name: name}
 	var remaining int64
-	err := s.pool.QueryRow(ctx, s.sql.inspect, queryMode, name).Scan(
+	err := s.pool.QueryRow(ctx, s.sql.inspect, name).Scan(
 		&info.Held, &info.Kept, &info.Fence, &info.Instance, &info.Label, &info.AcquiredAt, &remaining)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -43,11 +43,13 @@ func finish(info *guard.LockInfo, remaining int64) {
 // A kept lock (a MinHold window) is listed as held. It returns the driver's error.
 func (s *Store) List(ctx context.Context, prefix, cursor string, limit int) ([]guard.LockInfo, string, error) {
 	limit = max(limit, 1)
-	var upper any // nil: no name has prefix and sorts after all names that have it
-	if u, ok := successor(prefix); ok {
-		upper = u
+	var rows pgx.Rows
+	var err error
+	if upper, ok := successor(prefix); ok {
+		rows, err = s.pool.Query(ctx, s.sql.list, prefix, upper, cursor, limit+1)
+	} else {
+		rows, err = s.pool.Query(ctx, s.sql.listAll, prefix, cursor, limit+1)
 	}
-	rows, err := s.pool.Query(ctx, s.sql.list, queryMode, prefix, upper, cursor, limit+1)
 	if err != nil {
 		return nil, "", err
 	}
@@ -101,7 +103,7 @@ func successor(prefix string) (string, bool) {
 // Guard released the lock, so every Guard waiting for it is to be woken. It returns
 // guard.ErrNotHeld when name is free, or the driver's error.
 func (s *Store) ForceRelease(ctx context.Context, name string) error {
-	tag, err := s.pool.Exec(ctx, s.sql.forceRelease, queryMode, name, s.channel, payload(name, ""))
+	tag, err := s.pool.Exec(ctx, s.sql.forceRelease, name, s.channel, payload(name, ""))
 	switch {
 	case err != nil:
 		return err
@@ -122,7 +124,7 @@ func (s *Store) Reclaim(ctx context.Context, idle time.Duration) (int64, error) 
 	if idle < MinReclaimIdle {
 		return 0, fmt.Errorf("%w: %v, less than %v", ErrIdleTooShort, idle, MinReclaimIdle)
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.reclaim, queryMode, micros(idle))
+	tag, err := s.pool.Exec(ctx, s.sql.reclaim, micros(idle))
 	if err != nil {
 		return 0, err
 	}

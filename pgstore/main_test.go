@@ -61,7 +61,7 @@ func (s *server) store(tb testing.TB) (*Store, *roundTrips) {
 
 // newPool opens a pool on dsn, closed when the test ends; rt, when not nil, counts its round
 // trips.
-func newPool(tb testing.TB, dsn string, rt *roundTrips) *pgxpool.Pool {
+func newPool(tb testing.TB, dsn string, rt *roundTrips, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	require.NoError(tb, err)
@@ -77,6 +77,9 @@ func newPool(tb testing.TB, dsn string, rt *roundTrips) *pgxpool.Pool {
 			}
 			return false
 		}
+	}
+	for _, f := range configure {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(tb, err)
@@ -95,9 +98,10 @@ func (s *server) terminate(tb testing.TB, pool *pgxpool.Pool) {
 	require.Positive(tb, tag.RowsAffected(), "no connection of %s to terminate", app)
 }
 
-// roundTrips counts the requests a pool sends: queries (each one exchange, as the Store sends
-// them), statements prepared on the server, and pings of idle connections.
-type roundTrips struct{ n atomic.Int64 }
+// roundTrips counts the requests a pool sends: queries and pings of idle connections (n), and
+// apart from them the statements pgx prepares on a connection the first time it runs them
+// (prepares), each one more round trip.
+type roundTrips struct{ n, prepares atomic.Int64 }
 
 func (rt *roundTrips) Load() int64 { return rt.n.Load() }
 
@@ -114,7 +118,7 @@ func (rt *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 
 func (rt *roundTrips) TracePrepareEnd(_ context.Context, _ *pgx.Conn, d pgx.TracePrepareEndData) {
 	if !d.AlreadyPrepared {
-		rt.n.Add(1)
+		rt.prepares.Add(1)
 	}
 }
 

@@ -62,7 +62,7 @@ type Store struct {
 
 // statements holds the Store's SQL, with its table name in place.
 type statements struct {
-	createTable, acquire, extend, release, forceRelease, inspect, list, reclaim string
+	createTable, acquire, extend, release, forceRelease, inspect, list, listAll, reclaim string
 }
 
 // Option configures a Store. Pass options to New, which checks them.
@@ -130,6 +130,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 		forceRelease: load("force_release.sql"),
 		inspect:      load("inspect.sql"),
 		list:         load("list.sql"),
+		listAll:      load("list_all.sql"),
 		reclaim:      load("reclaim.sql"),
 	}
 	return s
@@ -153,7 +154,7 @@ func (s *Store) Table() string { return s.table }
 // CreateTable creates the lock table if it does not exist (the schema must). It is safe to
 // call from every instance at start-up, concurrently. It returns the driver's error.
 func (s *Store) CreateTable(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, s.sql.createTable, queryMode)
+	_, err := s.pool.Exec(ctx, s.sql.createTable)
 	var pgErr *pgconn.PgError
 	// Two sessions creating one table at once: the loser fails on the catalog's unique index
 	// instead of seeing the table. Either way the table is there.
@@ -162,13 +163,6 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	}
 	return err
 }
-
-// queryMode is how every statement of a Store is sent: one round trip each, always. The
-// extended protocol with an unnamed statement parses and plans it with its arguments and runs
-// it in one exchange; a cached prepared statement would cost a second exchange on each
-// connection's first use of it. The statements are short, so parsing them each time costs
-// the server little (see docs/backends.md for the figures).
-const queryMode = pgx.QueryExecModeExec
 
 // micros returns d in whole microseconds, rounded up: the database keeps a lock at least as
 // long as its owner was told.
@@ -192,7 +186,7 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 		remaining int64
 	)
 	err, _ := s.retry(ctx, func() error {
-		return s.pool.QueryRow(ctx, s.sql.acquire, queryMode,
+		return s.pool.QueryRow(ctx, s.sql.acquire,
 			r.Name, r.Token, micros(r.TTL), r.Instance, r.Label).Scan(&granted, &fence, &remaining)
 	})
 	switch {
@@ -235,7 +229,7 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 	extended := make(map[lease]bool, len(names))
 	err, _ := s.retry(ctx, func() error {
 		clear(extended)
-		rows, err := s.pool.Query(ctx, s.sql.extend, queryMode, names, tokens, ttls)
+		rows, err := s.pool.Query(ctx, s.sql.extend, names, tokens, ttls)
 		if err != nil {
 			return err
 		}
@@ -265,7 +259,7 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
 	var released int64
 	err, first := s.retry(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, s.sql.release, queryMode,
+		tag, err := s.pool.Exec(ctx, s.sql.release,
 			name, token, micros(max(keep, 0)), s.channel, payload(name, token))
 		released = tag.RowsAffected()
 		return err
@@ -348,6 +342,10 @@ func transience(err error) int {
 	if errors.As(err, &pgErr) {
 		switch {
 		case pgErr.Code == "40001", pgErr.Code == "40P01": // serialization failure, deadlock
+			return rolledBack
+		case pgErr.Code == "0A000":
+			// "cached plan must not change result type": the table was altered under a
+			// prepared statement. pgx has dropped its cache; the statement did not run.
 			return rolledBack
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // shutdown
