@@ -38,11 +38,12 @@ func finish(info *guard.LockInfo, remaining int64) {
 	}
 }
 
-// List returns up to limit held locks whose names start with prefix, in name (byte) order,
-// after the name cursor (sql/list.sql); next is the last name of a full page, "" at the end.
-// A kept lock (a MinHold window) is listed as held. It returns the driver's error.
+// List returns up to limit held locks (at most maxPage) whose names start with prefix, in
+// name (byte) order, after the name cursor (sql/list.sql); next is the last name of the page
+// when more follow, "" at the end. A kept lock (a MinHold window) is listed as held. It
+// returns the driver's error.
 func (s *Store) List(ctx context.Context, prefix, cursor string, limit int) ([]guard.LockInfo, string, error) {
-	limit = max(limit, 1)
+	limit = min(max(limit, 1), maxPage)
 	var rows pgx.Rows
 	var err error
 	if upper, ok := successor(prefix); ok {
@@ -75,6 +76,9 @@ func (s *Store) List(ctx context.Context, prefix, cursor string, limit int) ([]g
 	page = page[:limit]
 	return page, page[limit-1].Name, nil
 }
+
+// maxPage is the most locks one List call returns.
+const maxPage = 1000
 
 // successor returns the least string above every string that starts with prefix: prefix with
 // its last code point replaced by the next one (UTF-8 sorts bytewise as code points do, and

@@ -1,5 +1,5 @@
 // Package testserver starts the real servers the tests talk to — redis-server (single node and
-// cluster) and a MongoDB-wire-protocol server — as child processes on free loopback ports, and
+// cluster), a MongoDB-wire-protocol server, PostgreSQL — as child processes on free loopback ports, and
 // stops them when the test ends. Nothing here is a fake: a test that cannot get its server
 // fails with a message that says how to get it.
 package testserver
