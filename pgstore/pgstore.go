@@ -156,10 +156,11 @@ func (s *Store) Table() string { return s.table }
 func (s *Store) CreateTable(ctx context.Context) error {
 	_, err := s.pool.Exec(ctx, s.sql.createTable)
 	var pgErr *pgconn.PgError
-	// Two sessions creating one table at once: the loser fails on the catalog's unique index
-	// instead of seeing the table. Either way the table is there.
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-		return nil
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") {
+		// Two sessions creating one table at once: the loser fails on a catalog's unique
+		// index (the table's name, or its row type's) instead of finding the table. Now that
+		// the winner has committed, the statement finds it; a real clash fails again.
+		_, err = s.pool.Exec(ctx, s.sql.createTable)
 	}
 	return err
 }
