@@ -1,7 +1,7 @@
 // Package testserver starts the real servers the tests talk to — redis-server (single node and
-// cluster), a MongoDB-wire-protocol server, PostgreSQL — as child processes on free loopback ports, and
-// stops them when the test ends. Nothing here is a fake: a test that cannot get its server
-// fails with a message that says how to get it.
+// cluster), a MongoDB-wire-protocol server, PostgreSQL — as child processes on free loopback
+// ports, and stops them when the test ends. Nothing here is a fake: a test that cannot get its
+// server fails with a message that says how to get it.
 package testserver
 
 import (
