@@ -1,6 +1,6 @@
 // Package testserver starts the real servers the tests talk to — redis-server (single node,
 // cluster with or without replicas, Sentinel with one sentinel or a failover group of three),
-// Jaeger, and a MongoDB-wire-protocol server — as child processes on free loopback ports, and
+// Jaeger, a MongoDB-wire-protocol server, PostgreSQL and MariaDB — as child processes on free loopback ports, and
 // stops them when the test ends. Nothing here is a fake: a test that cannot get its server
 // fails with a message that says how to get it.
 //
