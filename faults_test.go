@@ -58,9 +58,9 @@ func TestAmbiguousAcquireIsCleanedUp(t *testing.T) {
 type deafSubscription struct{ *memstore.Store }
 
 func (d deafSubscription) Subscribe(func(guard.Notice)) (guard.Subscription, error) { return d, nil }
-func (deafSubscription) Watch(context.Context, string) error                     { return nil }
-func (deafSubscription) Unwatch(string)                                          {}
-func (deafSubscription) Close() error                                            { return nil }
+func (deafSubscription) Watch(context.Context, string) error                        { return nil }
+func (deafSubscription) Unwatch(string)                                             {}
+func (deafSubscription) Close() error                                               { return nil }
 
 // TestLocalReleaseWakesWithoutNotice (defect 5): a release on the same Guard must wake its
 // local waiter itself, not count on the backend's notice, which may never come.
