@@ -131,7 +131,8 @@ type Inspector interface {
 	// resized between pages, and callers that need each name once skip repeats.
 	List(ctx context.Context, prefix, cursor string, limit int) (page []LockInfo, next string, err error)
 
-	// ForceRelease frees name whoever holds it, keeping its fence, and tells waiters. The
+	// ForceRelease frees name whoever holds it, keeping its fence, and tells waiters (with
+	// a Notice without a token: no Guard released it itself). The
 	// holder's next renewal finds the lock gone and its context ends with ErrLockLost; the
 	// next acquisition gets a higher fence, so a resource that checks fences rejects the old
 	// holder's late writes. It returns ErrNotHeld (or an error matching it) when name is

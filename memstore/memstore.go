@@ -225,13 +225,13 @@ func (s *Store) ForceRelease(ctx context.Context, name string) error {
 		return err
 	}
 	s.mu.Lock()
-	e, ok := s.held(name, s.now())
-	if !ok {
+	if _, ok := s.held(name, s.now()); !ok {
 		s.mu.Unlock()
 		return guard.ErrNotHeld
 	}
 	delete(s.locks, name)
-	s.notifyLocked(guard.Notice{Name: name, Token: e.token})
+	// No token: the holder's Guard did not release it, and must wake its waiters too.
+	s.notifyLocked(guard.Notice{Name: name})
 	return nil
 }
 

@@ -377,16 +377,15 @@ type clock struct {
 	db      *mongo.Database
 	refresh time.Duration
 
+	mu sync.Mutex // protects the fields below
 	// wallOffset is added to the local wall clock; tests move it to fake a suspended host.
 	wallOffset func() time.Duration
-
-	mu      sync.Mutex // protects the fields below
-	base    time.Time  // the server's time at local instant at
-	at      time.Time  // local time, with its monotonic reading, when the server's time was base
-	atWall  time.Time  // the wall clock at that instant, to notice a suspended host
-	unc     time.Duration
-	checked time.Time // last sync attempt that got an answer
-	syncing bool      // a refresh is running; others use the current estimate meanwhile
+	base       time.Time // the server's time at local instant at
+	at         time.Time // local time, with its monotonic reading, when the server's time was base
+	atWall     time.Time // the wall clock at that instant, to notice a suspended host
+	unc        time.Duration
+	checked    time.Time // last sync attempt that got an answer
+	syncing    bool      // a refresh is running; others use the current estimate meanwhile
 }
 
 // now returns the estimated current time of the server, measuring it first when there is no

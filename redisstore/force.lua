@@ -4,12 +4,12 @@
 -- ARGV[1]  the release channel <prefix>{<name>}:released
 --
 -- Returns 0 when the name is free. Otherwise deletes the lock key — its holder's next renewal
--- finds it gone — publishes the holder's token so that waiters try again, and returns 1. The
--- fence key is kept: the next owner gets a higher fence.
-local owner = redis.call('HGET', KEYS[1], 'token')
-if not owner then
+-- finds it gone — publishes an empty token so that waiters try again (every Guard's: the
+-- holder's own Guard did not release it), and returns 1. The fence key is kept: the next owner
+-- gets a higher fence.
+if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], owner)
+redis.call('PUBLISH', ARGV[1], '')
 return 1

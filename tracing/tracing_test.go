@@ -702,3 +702,19 @@ func TestAllocations(t *testing.T) {
 	t.Logf("allocations per Acquire+Release: %.0f without observer, %.0f with a no-op one", bare, with)
 	assert.LessOrEqual(t, with-bare, 7.0, "acquire: start time and its option list, span context, start key; lock: hold span context, holding and its key")
 }
+
+// TestLostLockEndsItsHoldSpan: a lock lost and never released (issue 8) must not leave its
+// hold span open forever, nor count as held.
+func TestLostLockEndsItsHoldSpan(t *testing.T) {
+	tel := newTelemetry(t)
+	store := memstore.New()
+	g := newGuard(t, store, tel.observer(), guard.WithWatchdogTimeout(60*time.Millisecond))
+	l, err := g.Acquire(t.Context(), "n")
+	require.NoError(t, err)
+	require.NoError(t, store.ForceRelease(t.Context(), "n"))
+	<-l.Done()
+	hold := tel.span(t, "guard.hold")
+	assert.Equal(t, codes.Error, hold.Status().Code)
+	assert.Equal(t, []string{"guard.lock.lost"}, eventNames(hold))
+	assert.Equal(t, int64(0), counter(t, tel.collect(t), "guard.lock.held", backendMem))
+}

@@ -380,28 +380,34 @@ func (s *Scheduler) renewable(l *Lease, now time.Time, early time.Duration) bool
 }
 
 // send starts one renewal batch per partition with every lease that is due now or would be due
-// soon, so that leases taken at different moments share round trips. s.mu must be held.
+// soon, so that leases taken at different moments share round trips. Leases sent again because
+// their renewal went unanswered go in batches of their own: whatever holds their first request
+// up may hold this one too, and it must not hold up healthy leases with it. s.mu must be held.
 func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time.Time) {
-	var order []string
-	groups := make(map[string][]*Lease)
+	type group struct {
+		partition string
+		hedge     bool
+	}
+	var order []group
+	groups := make(map[group][]*Lease)
 	for l := range s.leases {
 		if !s.renewable(l, now, l.TTL/6) {
 			continue
 		}
-		p := ""
+		g := group{hedge: l.inFlight > 0}
 		if s.partition != nil {
-			p = s.partition(l.Name)
+			g.partition = s.partition(l.Name)
 		}
-		if _, ok := groups[p]; !ok {
-			order = append(order, p)
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
 		}
-		groups[p] = append(groups[p], l)
+		groups[g] = append(groups[g], l)
 	}
-	for _, p := range order {
+	for _, g := range order {
 		if s.batches >= maxBatches {
 			return // the rest go when a batch comes back
 		}
-		batch := groups[p]
+		batch := groups[g]
 		var first time.Time // earliest deadline in the batch
 		for _, l := range batch {
 			l.inFlight++

@@ -76,7 +76,7 @@ func startCluster(tb testing.TB, replicas int) *Cluster {
 	var nodes []*Redis
 	var addrs []string
 	for range 3 * (1 + replicas) {
-		n := StartRedis(tb, withArgs(
+		n := StartRedis(tb, WithArgs(
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", // relative to --dir, so one per node
 			"--cluster-node-timeout", timeout,

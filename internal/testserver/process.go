@@ -1,7 +1,7 @@
 // Package testserver starts the real servers the tests talk to — redis-server (single node,
 // cluster with or without replicas, Sentinel with one sentinel or a failover group of three),
-// Jaeger, and a MongoDB-wire-protocol server — as child processes on free loopback ports, and
-// stops them when the test ends. Nothing here is a fake: a test that cannot get its server
+// Jaeger, a MongoDB-wire-protocol server, PostgreSQL and MariaDB — as child processes on free
+// loopback ports, and stops them when the test ends. Nothing here is a fake: a test that cannot get its server
 // fails with a message that says how to get it.
 //
 // It also injects real faults: a server process can be killed (SIGKILL), restarted on the

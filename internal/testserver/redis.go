@@ -44,8 +44,8 @@ func WithPersistence() RedisOption {
 	return func(c *redisConfig) { c.persistent = true }
 }
 
-// withArgs appends command-line arguments to the defaults.
-func withArgs(args ...string) RedisOption {
+// WithArgs appends command-line arguments to the defaults, such as a maxmemory-policy.
+func WithArgs(args ...string) RedisOption {
 	return func(c *redisConfig) { c.extra = append(c.extra, args...) }
 }
 

@@ -1,0 +1,62 @@
+package testserver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestStartPostgres(t *testing.T) {
+	p := StartPostgresServer(t)
+	conn, err := pgx.Connect(t.Context(), p.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+
+	var fsync, addrs string
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT current_setting('fsync'), current_setting('listen_addresses')").Scan(&fsync, &addrs))
+	assert.Equal(t, "off", fsync)
+	assert.Equal(t, "127.0.0.1", addrs)
+	_, err = conn.Exec(t.Context(), "CREATE TABLE kept (n int); INSERT INTO kept VALUES (7)")
+	require.NoError(t, err)
+
+	t.Run("Pause", func(t *testing.T) {
+		p.Pause()
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		var n int
+		assert.Error(t, pgxOpen(ctx, p.DSN, &n), "a paused server answered")
+		p.Resume()
+		ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, pgxOpen(ctx, p.DSN, &n))
+		assert.Equal(t, 7, n)
+	})
+
+	t.Run("KillRestart", func(t *testing.T) {
+		p.Kill()
+		p.Kill() // a second Kill is harmless
+		assert.Error(t, conn.Ping(t.Context()), "a killed server must not answer")
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		var n int
+		assert.Error(t, pgxOpen(ctx, p.DSN, &n), "a killed server accepted a connection")
+
+		p.Restart()
+		require.NoError(t, pgxOpen(t.Context(), p.DSN, &n))
+		assert.Equal(t, 7, n, "the data did not survive the restart")
+	})
+}
+
+// pgxOpen connects to dsn and reads the row of table kept into n.
+func pgxOpen(ctx context.Context, dsn string, n *int) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.QueryRow(ctx, "SELECT n FROM kept").Scan(n)
+}

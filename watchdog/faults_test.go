@@ -1,0 +1,207 @@
+package watchdog
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stuckBackend renews every lease at once, except that the requests it is told to hold get
+// no answer: they wait for their context, as a request whose reply was lost does — or, with
+// slow set, for that long whatever their context says, as a client that ignores context
+// deadlines (go-redis by default) waits for a reply that is on its way.
+type stuckBackend struct {
+	mu    sync.Mutex // protects calls and seen
+	calls []call
+	// hold reports whether this request (the n-th, from 0, that carries lease name) hangs.
+	hold func(name string, n int) bool
+	seen map[string]int
+	slow time.Duration
+}
+
+func (b *stuckBackend) renew(ctx context.Context, batch []*Lease) ([]Result, []error) {
+	b.mu.Lock()
+	c := call{at: time.Now()}
+	hang := false
+	for _, l := range batch {
+		c.names = append(c.names, l.Name)
+		if b.hold(l.Name, b.seen[l.Name]) {
+			hang = true
+		}
+		b.seen[l.Name]++
+	}
+	b.calls = append(b.calls, c)
+	b.mu.Unlock()
+	res := make([]Result, len(batch))
+	errs := make([]error, len(batch))
+	switch {
+	case hang && b.slow > 0:
+		time.Sleep(b.slow) // the reply is on its way; renewed, but late
+	case hang:
+		<-ctx.Done()
+		for i := range batch {
+			res[i], errs[i] = Failed, ctx.Err()
+		}
+	}
+	return res, errs
+}
+
+func (b *stuckBackend) snapshot() []call {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.calls)
+}
+
+func newStuck(hold func(name string, n int) bool) *stuckBackend {
+	return &stuckBackend{hold: hold, seen: make(map[string]int)}
+}
+
+// TestUnansweredRenewalIsSentAgain: the first renewal of a lease never gets its reply (the
+// issue's "one renewal round trip delayed past the TTL"). The scheduler must send it again
+// after TTL/6 instead of waiting for the deadline, and the lease must live on.
+func TestUnansweredRenewalIsSentAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 600 * time.Millisecond
+		b := newStuck(func(_ string, n int) bool { return n == 0 })
+		s := New(b.renew, nil)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		s.Add(e.lease("a", ttl), start, ttl)
+
+		time.Sleep(5 * ttl)
+		assert.Empty(t, e.all(), "a lease ended because one renewal went unanswered")
+		calls := b.snapshot()
+		require.GreaterOrEqual(t, len(calls), 2)
+		assert.Equal(t, ttl/3, calls[0].at.Sub(start), "first renewal")
+		assert.Equal(t, ttl/3+ttl/6, calls[1].at.Sub(start), "sent again after TTL/6")
+	})
+}
+
+// TestStuckBatchStarvesNoOtherLease: lease a's first renewal takes 700 ms with a TTL of 600 ms
+// (the slow reply); lease b, due later, must be renewed in a batch of its own rather
+// than wait behind a's — only one batch used to be out at a time, so one slow reply cost
+// every lock of the Guard — and a must survive too, by sending its renewal again.
+func TestStuckBatchStarvesNoOtherLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 600 * time.Millisecond
+		b := newStuck(func(name string, n int) bool { return name == "a" && n == 0 })
+		b.slow = 700 * time.Millisecond
+		s := New(b.renew, nil)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		s.Add(e.lease("a", ttl), start, ttl)
+		time.Sleep(ttl / 4) // b is due after a's batch has gone out, and outside it
+		s.Add(e.lease("b", ttl), time.Now(), ttl)
+
+		time.Sleep(5 * ttl)
+		assert.Empty(t, e.all(), "a lease was lost to one slow reply")
+		calls := b.snapshot()
+		require.NotEmpty(t, calls)
+		assert.Equal(t, []string{"a"}, calls[0].names, "b rode with a's slow renewal")
+		assert.Equal(t, ttl/3, calls[0].at.Sub(start))
+	})
+}
+
+// TestPartitionsAreRenewedApart: the leases on a server whose renewals hang end at their
+// deadline, exactly; the leases on another server are renewed all along.
+func TestPartitionsAreRenewedApart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 600 * time.Millisecond
+		slow := map[string]bool{"s1": true, "s2": true}
+		b := newStuck(func(name string, _ int) bool { return slow[name] })
+		partition := func(name string) string {
+			if slow[name] {
+				return "slow-node"
+			}
+			return "fast-node"
+		}
+		s := New(b.renew, partition)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		for _, n := range []string{"s1", "f1", "s2", "f2"} {
+			s.Add(e.lease(n, ttl), start, ttl)
+		}
+
+		time.Sleep(5 * ttl)
+		ended := e.all()
+		require.Len(t, ended, 2, "%v", ended)
+		for _, end := range ended {
+			assert.True(t, slow[end.name], "%s lost to the other node's hanging renewals", end.name)
+			assert.Equal(t, Deadline(start, ttl), end.at, "%s ended at its deadline", end.name)
+		}
+		for _, c := range b.snapshot() {
+			assert.True(t, !slices.Contains(c.names, "s1") || !slices.Contains(c.names, "f1"),
+				"one call mixed two partitions: %v", c.names)
+		}
+	})
+}
+
+// TestSuspendedHostEndsLeasesThatRanOut fakes a suspended host: the wall clock jumps ahead
+// while the monotonic clock, which stops during a suspension, does not. Leases whose time ran
+// out meanwhile must end at once, at the next heartbeat, not when the stopped clock says.
+func TestSuspendedHostEndsLeasesThatRanOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 30 * time.Second
+		b := newStuck(func(string, int) bool { return false })
+		s := New(b.renew, nil)
+		defer s.Close()
+		var away atomic.Int64
+		s.mu.Lock()
+		s.wallOffset = func() time.Duration { return time.Duration(away.Load()) }
+		s.mu.Unlock()
+		var e ends
+		s.Add(e.lease("watchdog", ttl), time.Now(), ttl)
+		s.Add(e.lease("fixed", 0), time.Now(), time.Hour) // a LeaseTime lock of an hour
+
+		time.Sleep(2 * time.Second)
+		away.Store(int64(40 * time.Minute))
+		woke := time.Now()
+		time.Sleep(3 * time.Second)
+
+		ended := e.all()
+		require.Len(t, ended, 1, "%v", ended)
+		assert.Equal(t, "watchdog", ended[0].name, "the 30 s lease ran out during 40 minutes away; the hour did not")
+		assert.Equal(t, Suspended, ended[0].reason)
+		assert.ErrorIs(t, ended[0].err, ErrSuspended)
+		assert.LessOrEqual(t, ended[0].at.Sub(woke), maxHeartbeat, "noticed after the next heartbeat")
+	})
+}
+
+// TestShortSuspensionRenewsAtOnce: a host away for less than what was left of a lease keeps
+// the lease, but renews it at once and counts the deadline from before the pause.
+func TestShortSuspensionRenewsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 30 * time.Second
+		b := newStuck(func(string, int) bool { return false })
+		s := New(b.renew, nil)
+		defer s.Close()
+		var away atomic.Int64
+		s.mu.Lock()
+		s.wallOffset = func() time.Duration { return time.Duration(away.Load()) }
+		s.mu.Unlock()
+		var e ends
+		l := e.lease("a", ttl)
+		s.Add(l, time.Now(), ttl)
+
+		time.Sleep(time.Second)
+		before := s.Deadline(l)
+		away.Store(int64(5 * time.Second))
+		time.Sleep(maxHeartbeat + time.Millisecond)
+
+		assert.Empty(t, e.all())
+		calls := b.snapshot()
+		require.Len(t, calls, 1, "renewed at once after the suspension")
+		assert.Less(t, calls[0].at.Sub(before.Add(-ttl)), ttl/3, "renewed before its usual time")
+		assert.True(t, s.Deadline(l).After(before.Add(-5*time.Second)), "the renewal moved the deadline on")
+	})
+}
