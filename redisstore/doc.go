@@ -1,32 +1,19 @@
-// Package redisstore is the Redis backend of guard: a guard.Backend and guard.Notifier over a
-// go-redis v9 client — a single node (*redis.Client), a Redis Cluster (*redis.ClusterClient)
-// or a Sentinel-managed master (redis.NewFailoverClient).
+// Package redisstore is the Redis backend of guard: a guard.Backend, guard.Notifier and
+// guard.Inspector over a go-redis v9 client — a single node (*redis.Client), a Redis Cluster
+// (*redis.ClusterClient) or a Sentinel-managed master (redis.NewFailoverClient).
 //
-// # Keys
+//	g := guard.New(redisstore.New(redis.NewClient(&redis.Options{Addr: addr})))
 //
-// A lock named name lives in two keys that share one hash tag, so that in a Cluster they sit
-// in one slot and one script can touch both:
+// Each lock is a hash key with the lease as its expiry and a fence key beside it, in one
+// Cluster hash slot; acquire, extend and release are one Lua script each (one round trip), a
+// renewal batch one pipeline per master. Releases are announced over pub/sub, one subscription
+// per Guard. Fences are floored by the server's clock, so they keep increasing after the server
+// lost its data.
 //
-//	<prefix>{<name>}        the owner's token, with the lease as its expiry (PX)
-//	<prefix>{<name>}:fence  the fence counter, INCR on every acquisition; never expires and is
-//	                        never deleted, so fences keep increasing across releases
+// The first Acquire of a Store refuses a server that may evict keys (ErrEvictingServer; see
+// AllowEviction). WithReplicaAcks makes writes wait for replicas, so that a failover cannot
+// lose a grant.
 //
-// The prefix is "guard:" unless WithPrefix says otherwise. Release notifications are
-// published on <prefix>{<name>}:released.
-//
-// # Round trips
-//
-// Acquire, Release and Extend of one lock are one EVALSHA each (acquire.lua, release.lua,
-// extend.lua, embedded in the package). Extend of many locks sends all of them in one
-// pipeline, which go-redis splits into one round trip per Cluster node. When a server has
-// lost its script cache (a restart, SCRIPT FLUSH) the Store sends the script itself with
-// EVAL and the server caches it again.
-//
-// # Notifications
-//
-// Subscribe opens one go-redis PubSub for all the waiters of a Guard, read by one goroutine,
-// with one channel per watched name. A release that frees a name publishes on its channel
-// (plain PUBLISH, which a Cluster delivers on every node). If the PubSub connection breaks,
-// go-redis reconnects and subscribes again; a notification sent in between is lost, and the
-// waiter then tries again when the holder's lease ends.
+// docs/backends.md describes the keys, the scripts, and what Redis can and cannot promise;
+// docs/semantics.md what each fault does.
 package redisstore
