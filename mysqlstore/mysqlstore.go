@@ -29,8 +29,7 @@ const maxToken = 255
 // Store keeps locks in a MySQL or MariaDB table, one row per lock name. It is safe for
 // concurrent use. Create it with New.
 type Store struct {
-	db    *sql.DB
-	table string // quoted, for display
+	db *sql.DB
 
 	// The statements of sql.go with {table} filled in.
 	acquire, extend, held, release, forceRelease, inspect, list, idle, reclaim, createTable string
@@ -94,8 +93,7 @@ func New(db *sql.DB, opts ...Option) *Store {
 	}
 	t := func(q string) string { return strings.ReplaceAll(q, "{table}", table) }
 	return &Store{
-		db: db, table: table,
-		acquire: t(acquireSQL), extend: t(extendSQL), held: t(heldSQL), release: t(releaseSQL),
+		db: db, acquire: t(acquireSQL), extend: t(extendSQL), held: t(heldSQL), release: t(releaseSQL),
 		forceRelease: t(forceReleaseSQL), inspect: t(inspectSQL), list: t(listSQL),
 		idle: t(idleSQL), reclaim: t(reclaimSQL), createTable: t(createTableSQL),
 	}
