@@ -38,7 +38,10 @@ const (
 	// acquireSQL inserts the row of a name never seen, or takes over an existing one. The
 	// answer comes back in the OK packet's last-insert id, set by LAST_INSERT_ID(expr): the
 	// fence when the lock is taken, or — with the top bit set — the holder's remaining lease
-	// in microseconds when it is busy (see decodeAcquire).
+	// in microseconds when it is busy (see decodeAcquire). The VALUES list is evaluated
+	// first, even for a name that has a row, and sets it to now; every branch of the fence
+	// CASE then sets it again, the busy one as "fence + 0 * LAST_INSERT_ID(…)", which leaves
+	// the fence as it was.
 	//
 	// MySQL and MariaDB evaluate the assignments of ON DUPLICATE KEY UPDATE left to right,
 	// each seeing the columns already assigned (MariaDB's SIMULTANEOUS_ASSIGNMENT sql_mode
