@@ -35,6 +35,10 @@ type Backend interface {
 	//
 	// The backend records r.Instance and r.Label with the lock, and the time it granted it,
 	// in the same round trip, for Inspector.
+	//
+	// A backend may keep a wait queue per name (see Request.Wait): then a free name goes to
+	// the caller that has waited longest, across all processes, and a caller that did not
+	// wait is busy while others do.
 	Acquire(ctx context.Context, r Request) (fence uint64, err error)
 
 	// Extend sets the lease of each lock in leases to its TTL, measured from now, if the lock
@@ -52,6 +56,13 @@ type Backend interface {
 	// MinHold window), under an owner that no token matches, so that a renewal of token
 	// still in flight cannot shorten the window; waiters should be told, so that they learn
 	// when the window ends.
+	//
+	// A backend with a wait queue hands a name it frees to the first live waiter at once —
+	// the waiter holds it from then on, with a new fence, under the token of its last
+	// request, for that request's TTL or its place in the queue (BusyError.Queued), whichever
+	// is shorter, so that a waiter that died holds it no longer — and tells it in a Notice.
+	// Release also takes token out of the name's queue when token is waiting rather than
+	// holding (a caller that gave up); it then returns ErrNotHeld.
 	Release(ctx context.Context, name, token string, keep time.Duration) error
 }
 
@@ -66,6 +77,10 @@ type Request struct {
 	// and process id by default).
 	Instance string
 	Label    string // the acquisition's Label, or ""
+	// Wait tells a backend with a wait queue that the caller will wait if the name is busy:
+	// the backend queues Token (or keeps its place, refreshed by every request it sends) and
+	// says so in BusyError.Queued. A caller that makes one attempt leaves it false.
+	Wait bool
 }
 
 // Lease names one held lock to extend.
@@ -94,6 +109,11 @@ type Notice struct {
 	// subscription lost its connection and watches again, it sends one notice per watched
 	// name, because a release may have happened while it was away.
 	Token string
+	// Next, when set, is the waiter the backend handed the name to (a backend with a wait
+	// queue): it holds the lock already, with Fence, and the Guard that waits with that token
+	// takes it without another request. Other Guards ignore the notice.
+	Next  string
+	Fence uint64
 }
 
 // Subscription is a live stream of notices for a set of names.
@@ -154,4 +174,5 @@ type LockInfo struct {
 	Label      string        // the Label of the acquisition
 	AcquiredAt time.Time     // when the backend granted it, by the backend's clock
 	Remaining  time.Duration // how long it stays taken, by the backend's clock; 0 when free
+	Waiting    int           // callers queued for the name, where the backend keeps a queue
 }

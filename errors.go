@@ -48,6 +48,10 @@ type BusyError struct {
 	Remaining time.Duration
 	// Waited is how long the acquisition waited before it gave up: 0 for a single attempt.
 	Waited time.Duration
+	// Queued is set by a backend with a wait queue (Request.Wait): the caller has a place in
+	// the name's queue, which it keeps for this long after its request. A waiter asks again
+	// within that time, or loses its place.
+	Queued time.Duration
 }
 
 // Error describes the busy lock.

@@ -35,11 +35,7 @@ func (g *Guard) event(l *Lock, e LockEvent) {
 // eventAsync reports e for l to the observer from a goroutine of its own.
 func (g *Guard) eventAsync(l *Lock, e LockEvent) {
 	if g.obs != nil && l.events.put(e) {
-		g.bg.Add(1)
-		go func() {
-			defer g.bg.Done()
-			g.deliver(l)
-		}()
+		g.background(func() { g.deliver(l) })
 	}
 }
 

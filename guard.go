@@ -33,8 +33,11 @@ type Guard struct {
 	closed bool
 
 	// bg counts the Guard's background work: event deliveries to the observer and clean-up
-	// releases after ambiguous acquisitions. Close waits for it.
-	bg sync.WaitGroup
+	// releases after ambiguous acquisitions. Close waits for it; from then on, such work runs
+	// on the goroutine that asks for it (see background).
+	bg        sync.WaitGroup
+	bgMu      sync.Mutex // protects bgClosing, and orders bg.Add before bg.Wait
+	bgClosing bool
 
 	waiting // the callers waiting for names; see wait.go
 }
@@ -65,6 +68,7 @@ func New(backend Backend, opts ...Option) *Guard {
 		held:        make(map[*Lock]struct{}),
 	}
 	g.waiters = make(map[string]*waitList)
+	g.byToken = make(map[string]*waiter)
 	g.life, g.endLife = context.WithCancel(context.Background())
 	g.notifier, _ = backend.(Notifier)
 	g.backendName = packageName(backend)
@@ -158,6 +162,9 @@ func (g *Guard) Close(ctx context.Context) error {
 	if err := g.closeSubscription(); err != nil {
 		errs = append(errs, err)
 	}
+	g.bgMu.Lock()
+	g.bgClosing = true
+	g.bgMu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		g.bg.Wait()
@@ -226,12 +233,15 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 	if l.renewed {
 		l.lease.TTL = l.ttl
 	}
+	if l.granted < l.ttl {
+		l.lease.Claim = l.ttl // handed over with a short lease: claim the rest at once
+	}
 	g.mu.Lock()
 	closed := g.closed
 	if !closed {
 		// Under g.mu, so that Close either sees the lock held and watched, or not at all.
 		g.held[l] = struct{}{}
-		g.sched.Add(&l.lease, l.start, l.ttl)
+		g.sched.Add(&l.lease, l.start, l.granted)
 	}
 	g.mu.Unlock()
 	if closed {
@@ -275,7 +285,7 @@ func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
 	switch {
 	case err == nil:
 		// A MinHold release frees nothing, but a local waiter learns when the window ends.
-		g.wake(l.name)
+		g.wakeAfterRelease(l.name)
 	case errors.Is(err, ErrNotHeld) && lost != nil:
 		err = &OpError{Op: "release", Name: l.name, Err: because(err, lost)}
 	default:
@@ -293,15 +303,29 @@ const cleanupTimeout = 5 * time.Second
 // the lock: nobody else may wait a whole lease for it. The release is owner-checked, so it
 // never touches another owner's lock.
 func (g *Guard) cleanup(name, token string) {
-	g.bg.Add(1)
-	go func() {
-		defer g.bg.Done()
+	g.background(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		g.expectEcho(name, token)
 		if g.backend.Release(ctx, name, token, 0) == nil {
-			g.wake(name)
+			g.wakeAfterRelease(name)
 		}
+	})
+}
+
+// background runs f on a goroutine that Close waits for — or, once Close waits, on this one.
+func (g *Guard) background(f func()) {
+	g.bgMu.Lock()
+	if g.bgClosing {
+		g.bgMu.Unlock()
+		f()
+		return
+	}
+	g.bg.Add(1)
+	g.bgMu.Unlock()
+	go func() {
+		defer g.bg.Done()
+		f()
 	}()
 }
 
@@ -309,7 +333,7 @@ func (g *Guard) cleanup(name, token string) {
 func (g *Guard) renew(ctx context.Context, batch []*watchdog.Lease) ([]watchdog.Result, []error) {
 	leases := make([]Lease, len(batch))
 	for i, l := range batch {
-		leases[i] = Lease{Name: l.Name, Token: l.Token, TTL: l.TTL}
+		leases[i] = Lease{Name: l.Name, Token: l.Token, TTL: l.RenewTTL()}
 	}
 	errs := g.backend.Extend(ctx, leases)
 	results := make([]watchdog.Result, len(batch))

@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -304,20 +305,20 @@ func TestExtendAfterCallerCancelled(t *testing.T) {
 	require.ErrorIs(t, l.Extend(t.Context(), time.Minute), guard.ErrNotHeld)
 }
 
-// TestReleaseWakesOneWaiter parks five waiters of one Guard behind a lock of another: each
-// release must wake one waiter, not all of them, so every waiter makes exactly three attempts
-// (the first, one right after it started watching, one when its turn comes). Waking all would
-// cost 25 attempts instead of 15.
-func TestReleaseWakesOneWaiter(t *testing.T) {
+// TestReleaseHandsOverToOneWaiter parks five waiters of one Guard behind a lock of another.
+// The store queues them; each release hands the name to the next waiter, whose Guard wakes it
+// and no other: after the first release no waiter sends another attempt (waking all would cost
+// 4 + 3 + 2 + 1 of them), and every waiter is woken exactly once.
+func TestReleaseHandsOverToOneWaiter(t *testing.T) {
 	const waiters = 5
 	store := memstore.New()
 	holder := newGuard(t, store)
 	l, err := holder.Acquire(t.Context(), "n")
 	require.NoError(t, err)
 
-	sp := locktest.NewSpy(store, 2*waiters)
-	counted := &countingBackend{Spy: sp}
-	g := newGuard(t, counted)
+	counted := &countingBackend{Spy: locktest.NewSpy(store, 2*waiters)}
+	rec := &acquisitions{}
+	g := newGuard(t, counted, guard.WithObserver(rec))
 	var wg sync.WaitGroup
 	for range waiters {
 		wg.Go(func() {
@@ -326,12 +327,38 @@ func TestReleaseWakesOneWaiter(t *testing.T) {
 			}
 		})
 	}
-	for range 2 * waiters {
-		<-sp.Busy()
-	}
+	require.Eventually(t, func() bool {
+		info, err := store.Inspect(t.Context(), "n")
+		return err == nil && info.Waiting == waiters
+	}, 5*time.Second, time.Millisecond, "the waiters never queued")
+	before := counted.attempts.Load()
 	require.NoError(t, l.Release(t.Context()))
 	wg.Wait()
-	assert.EqualValues(t, 3*waiters, counted.attempts.Load(), "attempts by %d waiters", waiters)
+	assert.EqualValues(t, before, counted.attempts.Load(), "attempts after the first release")
+	for _, a := range rec.snapshot() {
+		assert.Equal(t, guard.OutcomeAcquired, a.Outcome)
+		assert.Equal(t, 1, a.Wakeups)
+	}
+}
+
+// acquisitions is an Observer that keeps the acquisitions that ended.
+type acquisitions struct {
+	events
+	mu   sync.Mutex // protects got
+	done []guard.Acquisition
+}
+
+func (r *acquisitions) AcquireEnd(ctx context.Context, a *guard.Acquisition, _ *guard.Lock, _ error) context.Context {
+	r.mu.Lock()
+	r.done = append(r.done, *a)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *acquisitions) snapshot() []guard.Acquisition {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.done)
 }
 
 // countingBackend counts acquire attempts.
@@ -366,15 +393,25 @@ func (c cancelOnWake) Acquire(ctx context.Context, r guard.Request) (uint64, err
 	return c.Spy.Acquire(ctx, r)
 }
 
-// TestWakeUpIsPassedOn: a waiter woken by a release that leaves without the lock must wake
-// the next one, which would otherwise sleep until its fallback (the holder's 30 s lease).
+// unqueued is a memstore that keeps no wait queue: a release frees the name and wakes waiters,
+// as the backends without a queue do.
+type unqueued struct{ *memstore.Store }
+
+func (u unqueued) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
+	r.Wait = false
+	return u.Store.Acquire(ctx, r)
+}
+
+// TestWakeUpIsPassedOn: on a backend without a wait queue, a waiter woken by a release that
+// leaves without the lock must wake the next one, which would otherwise sleep until its
+// fallback (the holder's 30 s lease).
 func TestWakeUpIsPassedOn(t *testing.T) {
 	store := memstore.New()
 	holder := newGuard(t, store)
 	l, err := holder.Acquire(t.Context(), "n")
 	require.NoError(t, err)
 
-	sp := locktest.NewSpy(store, 8)
+	sp := locktest.NewSpy(unqueued{store}, 8)
 	g := newGuard(t, cancelOnWake{sp})
 	vctx, cancel := context.WithCancel(t.Context())
 	vctx = context.WithValue(vctx, victimKey{}, &victim{cancel: cancel})
@@ -394,8 +431,7 @@ func TestWakeUpIsPassedOn(t *testing.T) {
 		}
 		other <- err
 	}()
-	<-sp.Busy()
-	<-sp.Busy()
+	<-sp.Busy() // the name is watched already: one attempt, then it sleeps behind the victim
 
 	require.NoError(t, l.Release(t.Context()))
 	require.ErrorIs(t, <-victimDone, context.Canceled)

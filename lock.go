@@ -24,6 +24,7 @@ type Lock struct {
 	label   string
 	fence   uint64
 	ttl     time.Duration // lease set by each acquisition or renewal
+	granted time.Duration // lease the grant set: ttl, or less for a hand-over that claims the rest
 	renewed bool          // held by the watchdog (no LeaseTime)
 	minHold time.Duration
 	start   time.Time // read before the acquire request was sent
@@ -223,8 +224,8 @@ func (l *Lock) lossCause() error {
 func (l *Lock) reenter(ctx context.Context) *Lock {
 	h := &Lock{
 		g: l.g, name: l.name, token: l.token, label: l.label, fence: l.fence,
-		ttl: l.ttl, renewed: l.renewed, minHold: l.minHold, start: l.start, heldAt: l.heldAt,
-		outer: l, prev: innermost(ctx),
+		ttl: l.ttl, granted: l.granted, renewed: l.renewed, minHold: l.minHold, start: l.start,
+		heldAt: l.heldAt, outer: l, prev: innermost(ctx),
 	}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithValue(ctx, lockKey{}, h))
 	h.unlink = context.AfterFunc(l.ctx, func() { h.cancel(context.Cause(l.ctx)) })

@@ -38,8 +38,8 @@ func (d *deployment) harness(tb testing.TB) locktest.Harness {
 	adm := d.admin(tb)
 	keys := New(adm)
 	// Load the scripts once, so that the first call of each test is not a NOSCRIPT retry.
-	for _, src := range []string{acquireSrc, extendSrc, releaseSrc, forceSrc, inspectSrc} {
-		require.NoError(tb, adm.ScriptLoad(context.Background(), src).Err())
+	for _, sc := range scripts {
+		require.NoError(tb, sc.Load(context.Background(), adm).Err())
 	}
 	return locktest.Harness{
 		New: func(tb testing.TB) locktest.Target {

@@ -18,7 +18,7 @@ import (
 // reads. A free name's last fence is known while its fence key lives (about a minute after
 // its last lease ended).
 func (s *Store) Inspect(ctx context.Context, name string) (guard.LockInfo, error) {
-	reply, err := inspectScript.Run(ctx, s.client, s.keys(name)).Result()
+	reply, err := inspectScript.Run(ctx, s.client, s.keys(name)[:3]).Result()
 	if err != nil {
 		return guard.LockInfo{}, err
 	}
@@ -28,12 +28,13 @@ func (s *Store) Inspect(ctx context.Context, name string) (guard.LockInfo, error
 // lockInfo reads inspect.lua's reply.
 func (s *Store) lockInfo(name string, reply any) (guard.LockInfo, error) {
 	v, ok := reply.([]any)
-	if !ok || len(v) != 7 {
+	if !ok || len(v) != 8 {
 		return guard.LockInfo{}, fmt.Errorf("%w %v", ErrUnexpectedReply, reply)
 	}
 	str := func(i int) string { s, _ := v[i].(string); return s }
 	num := func(i int) uint64 { n, _ := strconv.ParseUint(str(i), 10, 64); return n }
-	info := guard.LockInfo{Name: name}
+	waiting, _ := v[7].(int64)
+	info := guard.LockInfo{Name: name, Waiting: int(waiting)}
 	pttl, _ := v[5].(int64)
 	if token, held := v[0].(string); held && pttl > 0 {
 		info.Held = true
@@ -112,9 +113,9 @@ func (s *Store) inspectKeys(ctx context.Context, keys []string, prefix, next str
 		_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for i := range items {
 				if useSHA {
-					items[i].cmd = inspectScript.EvalSha(ctx, pipe, s.keys(items[i].name))
+					items[i].cmd = inspectScript.EvalSha(ctx, pipe, s.keys(items[i].name)[:3])
 				} else {
-					items[i].cmd = inspectScript.Eval(ctx, pipe, s.keys(items[i].name))
+					items[i].cmd = inspectScript.Eval(ctx, pipe, s.keys(items[i].name)[:3])
 				}
 			}
 			return nil
@@ -209,19 +210,9 @@ func parseCursor(c string) (node int, scan uint64, skip int, err error) {
 	return node, scan, skip, nil
 }
 
-// ForceRelease frees name whoever holds it: one EVALSHA of force.lua, which deletes the lock
-// key, keeps the fence key and publishes on the name's channel. It returns guard.ErrNotHeld
-// when name is free.
+// ForceRelease frees name whoever holds it: one EVALSHA of release.lua, forced, which keeps the
+// fence key and hands the name to the first live waiter of its queue, or frees it. It returns
+// guard.ErrNotHeld when name is free.
 func (s *Store) ForceRelease(ctx context.Context, name string) error {
-	n, err := forceScript.Run(ctx, s.client, s.keys(name)[:1], s.channel(name)).Result()
-	if err != nil {
-		return err
-	}
-	switch n {
-	case int64(1):
-		return nil
-	case int64(0):
-		return guard.ErrNotHeld
-	}
-	return fmt.Errorf("%w %v", ErrUnexpectedReply, n)
+	return s.release(ctx, name, "", 0)
 }

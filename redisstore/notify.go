@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,7 +28,8 @@ const (
 
 // Subscribe opens one go-redis PubSub, read by one goroutine, for release notifications of
 // the names the returned Subscription watches; it calls notify for each release (or MinHold
-// keep, or forced release) of a watched lock, with the released token. The reader opens the
+// keep, or forced release) of a watched lock that someone waits for, with the released token
+// and, after a hand-over, the waiter that holds the lock now and its fence. The reader opens the
 // connection in the background and keeps it open (reconnecting when it breaks) until Close.
 // After a reconnection it confirms that every channel is subscribed again and then sends one
 // notice with an empty token per watched name: a release may have been published while it was
@@ -292,7 +294,7 @@ func (s *subscription) read() {
 		switch m := msg.(type) {
 		case *redis.Message:
 			if name, ok := s.store.nameOf(m.Channel); ok {
-				s.released(guard.Notice{Name: name, Token: m.Payload})
+				s.released(notice(name, m.Payload))
 			}
 		case *redis.Pong:
 			if resync != "" && m.Payload == resync {
@@ -303,6 +305,20 @@ func (s *subscription) read() {
 			}
 		}
 	}
+}
+
+// notice reads a release's payload: the released token, or, after a hand-over,
+// "released\nnext\nfence" (see lock.lua).
+func notice(name, payload string) guard.Notice {
+	token, rest, handed := strings.Cut(payload, "\n")
+	n := guard.Notice{Name: name, Token: token}
+	if handed {
+		next, fence, _ := strings.Cut(rest, "\n")
+		if f, err := strconv.ParseUint(fence, 10, 64); err == nil && next != "" {
+			n.Next, n.Fence = next, f
+		}
+	}
+	return n
 }
 
 // announceAll sends a notice without a token for every watched name.

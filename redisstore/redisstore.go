@@ -38,10 +38,15 @@ var (
 	ErrNotReplicated = errors.New("redisstore: not acknowledged by enough replicas")
 )
 
+// The scripts, one per operation. acquire.lua and release.lua start with lock.lua, the
+// functions they share.
 var (
+	//go:embed lock.lua
+	lockSrc string
+
 	//go:embed acquire.lua
 	acquireSrc    string
-	acquireScript = redis.NewScript(acquireSrc)
+	acquireScript = redis.NewScript(lockSrc + acquireSrc)
 
 	//go:embed extend.lua
 	extendSrc    string
@@ -49,16 +54,15 @@ var (
 
 	//go:embed release.lua
 	releaseSrc    string
-	releaseScript = redis.NewScript(releaseSrc)
-
-	//go:embed force.lua
-	forceSrc    string
-	forceScript = redis.NewScript(forceSrc)
+	releaseScript = redis.NewScript(lockSrc + releaseSrc)
 
 	//go:embed inspect.lua
 	inspectSrc    string
 	inspectScript = redis.NewScript(inspectSrc)
 )
+
+// scripts are every script of a Store, for loading them ahead.
+var scripts = []*redis.Script{acquireScript, extendScript, releaseScript, inspectScript}
 
 // Store is a guard.Backend, guard.Notifier and guard.Inspector on Redis. It is safe for
 // concurrent use. It does not own its client: closing the client is the caller's job, after
@@ -71,6 +75,7 @@ type Store struct {
 	allowEviction bool
 	acks          int           // replicas that must acknowledge a write; 0: none
 	ackTimeout    time.Duration // how long WAIT waits for them
+	queueTimeout  time.Duration // how long a waiter keeps its place after its last request
 
 	// checked is closed once the server's eviction policy has been found safe (or the
 	// check is off); checkMu serializes the checks until then.
@@ -97,6 +102,19 @@ type options struct {
 	allowEviction bool
 	acks          int
 	ackTimeout    time.Duration
+	queueTimeout  time.Duration
+}
+
+// DefaultQueueTimeout is how long a waiter keeps its place in a name's queue after its last
+// request, unless WithQueueTimeout says otherwise.
+const DefaultQueueTimeout = 5 * time.Second
+
+// WithQueueTimeout sets how long a waiter keeps its place in a name's wait queue after its last
+// request. A waiting Guard asks again within half of it; a waiter that died (its process
+// crashed) holds up the names it waited for at most this long after their release. Default:
+// DefaultQueueTimeout (5 s). d must be at least 10 ms.
+func WithQueueTimeout(d time.Duration) Option {
+	return func(o *options) { o.queueTimeout = d }
 }
 
 // WithPrefix sets the prefix of every key and channel of the Store, so that several
@@ -135,7 +153,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	if client == nil {
 		panic("guard/redisstore: New: nil client")
 	}
-	o := options{prefix: DefaultPrefix}
+	o := options{prefix: DefaultPrefix, queueTimeout: DefaultQueueTimeout}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -147,9 +165,13 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	if o.acks < 0 || (o.acks > 0 && o.ackTimeout <= 0) {
 		panic(fmt.Sprintf("guard/redisstore: WithReplicaAcks(%d, %v): n must not be negative, and the timeout must be positive", o.acks, o.ackTimeout))
 	}
+	if o.queueTimeout < 10*time.Millisecond {
+		panic(fmt.Sprintf("guard/redisstore: WithQueueTimeout(%v): must be at least 10ms", o.queueTimeout))
+	}
 	s := &Store{
 		client: client, prefix: o.prefix,
 		allowEviction: o.allowEviction, acks: o.acks, ackTimeout: o.ackTimeout,
+		queueTimeout: o.queueTimeout,
 		checked:   make(chan struct{}),
 		idleCheck: idleCheck, pongTimeout: pongTimeout,
 	}
@@ -163,6 +185,8 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 // Suffixes of a lock's other keys and of its channel, after its lock key.
 const (
 	fenceSuffix   = ":fence"
+	queueSuffix   = ":queue"
+	waitersSuffix = ":waiters"
 	channelSuffix = ":released"
 )
 
@@ -185,10 +209,11 @@ func (s *Store) lockKey(name string) string {
 	return s.prefix + "{" + name + "}"
 }
 
-// keys returns the lock key and the fence key of name.
+// keys returns the keys of name, in the order the scripts take them (lock.lua): the lock,
+// its fence, its queue and its waiters.
 func (s *Store) keys(name string) []string {
 	k := s.lockKey(name)
-	return []string{k, k + fenceSuffix}
+	return []string{k, k + fenceSuffix, k + queueSuffix, k + waitersSuffix}
 }
 
 // channel returns the channel that a release of name is published on.
@@ -234,23 +259,30 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if err := s.checkEviction(ctx); err != nil {
 		return 0, err
 	}
+	var place time.Duration
+	if r.Wait {
+		place = s.queueTimeout
+	}
 	reply, err := s.run(ctx, acquireScript, r.Name, s.keys(r.Name),
-		r.Token, millis(r.TTL), r.Instance, r.Label, millis(fenceRetention))
+		r.Token, millis(r.TTL), r.Instance, r.Label, millis(fenceRetention), millis(place))
 	if err != nil {
 		return 0, err
 	}
-	if vals, ok := reply.([]any); ok && len(vals) == 2 {
-		switch vals[0] {
-		case int64(1):
-			if v, ok := vals[1].(string); ok {
-				if fence, err := strconv.ParseUint(v, 10, 64); err == nil {
-					return fence, nil
-				}
+	vals, _ := reply.([]any)
+	switch {
+	case len(vals) == 2 && vals[0] == int64(1):
+		if v, ok := vals[1].(string); ok {
+			if fence, err := strconv.ParseUint(v, 10, 64); err == nil {
+				return fence, nil
 			}
-		case int64(0):
-			if pttl, ok := vals[1].(int64); ok {
-				return 0, &guard.BusyError{Name: r.Name, Remaining: max(time.Duration(pttl)*time.Millisecond, 0)}
-			}
+		}
+	case len(vals) == 3 && vals[0] == int64(0):
+		pttl, ok1 := vals[1].(int64)
+		queued, ok2 := vals[2].(int64)
+		if ok1 && ok2 {
+			return 0, &guard.BusyError{Name: r.Name,
+				Remaining: max(time.Duration(pttl)*time.Millisecond, 0),
+				Queued:    time.Duration(queued) * time.Millisecond}
 		}
 	}
 	return 0, fmt.Errorf("%w %v", ErrUnexpectedReply, reply)
@@ -323,7 +355,7 @@ func (s *Store) pipeline(ctx context.Context, c redis.Cmdable, leases []guard.Le
 				if l.TTL <= 0 {
 					continue
 				}
-				keys := s.keys(l.Name)
+				keys := s.keys(l.Name)[:2]
 				if useSHA {
 					cmds[i] = extendScript.EvalSha(ctx, pipe, keys, l.Token, millis(l.TTL), millis(fenceRetention))
 				} else {
@@ -383,16 +415,23 @@ func isNoScript(err error) bool {
 
 // Release gives name up if token holds it: one EVALSHA of release.lua. With keep > 0 the
 // name stays taken for keep under no owner (under WithReplicaAcks, once replicas have it);
-// otherwise the lock key is deleted. Either way the token is published on the name's channel.
-// The fence key is kept. Release returns guard.ErrNotHeld when token does not hold name, or
-// the driver's error.
+// otherwise it goes to the first live waiter of its queue, whose Guard is told on the name's
+// channel, or is freed. The fence key is kept. A token that waits for name instead of holding
+// it leaves the queue. Release returns guard.ErrNotHeld when token does not hold name, or the
+// driver's error.
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
+	return s.release(ctx, name, token, keep)
+}
+
+// release runs release.lua; token "" forces the release.
+func (s *Store) release(ctx context.Context, name, token string, keep time.Duration) error {
 	var n any
 	var err error
+	args := []any{token, millis(max(keep, 0)), s.channel(name), millis(fenceRetention)}
 	if keep > 0 && s.acks > 0 {
-		n, err = s.runAcked(ctx, releaseScript, name, s.keys(name)[:1], token, millis(keep), s.channel(name))
+		n, err = s.runAcked(ctx, releaseScript, name, s.keys(name), args...)
 	} else {
-		n, err = s.run(ctx, releaseScript, name, s.keys(name)[:1], token, millis(max(keep, 0)), s.channel(name))
+		n, err = s.run(ctx, releaseScript, name, s.keys(name), args...)
 	}
 	if err != nil {
 		return err

@@ -171,12 +171,24 @@ func subscribe(t *testing.T, s *Store) (guard.Subscription, <-chan string) {
 	return sub, got
 }
 
-// takeAndRelease takes name on s and releases it at once: one release notification.
+// takeAndRelease takes name on s, queues a waiter, and releases the name: one notification,
+// of the hand-over to the waiter, which then releases it without one (nobody waits).
 func takeAndRelease(t *testing.T, s *Store, name string) {
 	t.Helper()
 	_, err := s.Acquire(t.Context(), guard.Request{Name: name, Token: "tok", TTL: time.Minute})
 	require.NoError(t, err)
+	queueWaiter(t, s, name, "waiter")
 	require.NoError(t, s.Release(t.Context(), name, "tok", 0))
+	require.NoError(t, s.Release(t.Context(), name, "waiter", 0), "the name was not handed to the waiter")
+}
+
+// queueWaiter puts token in name's wait queue: an acquire that will wait, answered busy.
+func queueWaiter(t *testing.T, s *Store, name, token string) {
+	t.Helper()
+	_, err := s.Acquire(t.Context(), guard.Request{Name: name, Token: token, TTL: time.Minute, Wait: true})
+	var busy *guard.BusyError
+	require.ErrorAs(t, err, &busy)
+	require.Positive(t, busy.Queued)
 }
 
 // expectNotified waits for the next notification on got and checks it names name.
@@ -486,6 +498,7 @@ func testMinHoldKeep(t *testing.T, d *deployment) {
 		_, err := s.Acquire(ctx, guard.Request{Name: n, Token: "token", TTL: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, sub.Watch(ctx, n))
+		queueWaiter(t, s, n, "waiter") // releases are announced to waiters
 	}
 
 	require.NoError(t, s.Release(ctx, kept, "token", 3*time.Second))
@@ -672,7 +685,9 @@ func testNames(t *testing.T, d *deployment) {
 		require.NoError(t, err, "%q", name)
 		require.NoError(t, s.Extend(ctx, []guard.Lease{{Name: name, Token: "tok", TTL: time.Minute}})[0], "%q", name)
 		require.NoError(t, sub.Watch(ctx, name), "%q", name)
+		queueWaiter(t, s, name, "waiter")
 		require.NoError(t, s.Release(ctx, name, "tok", 0), "%q", name)
+		require.NoError(t, s.Release(ctx, name, "waiter", 0), "%q was not handed to the waiter", name)
 		for n := ""; n != name; {
 			select {
 			case n = <-got:

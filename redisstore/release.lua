@@ -1,23 +1,37 @@
--- release.lua: give a lock up, for its owner only.
+-- release.lua: give a lock up, for its owner only; or, forced, whoever holds it (after lock.lua).
 --
--- KEYS[1]  lock key <prefix>{<name>}
--- ARGV[1]  the owner's token
+-- ARGV[1]  the owner's token; "" to force the release (an operator's ForceRelease)
 -- ARGV[2]  keep: milliseconds the name must stay taken (the rest of a MinHold window), or 0
--- ARGV[3]  the release channel <prefix>{<name>}:released
+-- ARGV[3]  the release channel <prefix>{n}:released
+-- ARGV[4]  how long the fence key outlives a lease, in milliseconds
 --
--- Returns 0 when the key is gone or holds another token (nothing is changed then). Otherwise
--- returns 1 after either keeping the name taken for keep under the token "" — which no owner
--- has, so a renewal of ARGV[1] still on the wire cannot shorten the window — or deleting the
--- key; and publishes the token on the channel, so that waiters try again (after a keep, they
--- learn when the window ends). The fence key is not touched: fences keep increasing.
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+-- Returns 1 after either keeping the name taken for keep under the token "" — which no owner
+-- has, so a renewal of ARGV[1] still on the wire cannot shorten the window — and telling the
+-- waiters, who learn when the window ends; or freeing it and handing it to the first live
+-- waiter (see hand_over). The fence key is not touched: fences keep increasing.
+-- Returns 0 when ARGV[1] does not hold the lock (nothing is changed then), after taking
+-- ARGV[1] out of the queue if it waits there: a waiter that gave up. If the name is free, the
+-- next waiter gets it at once.
+local owner = redis.call('HGET', KEYS[1], 'token')
+local retention = tonumber(ARGV[4])
+if ARGV[1] == '' then
+  if not owner then
+    return 0
+  end
+elseif owner ~= ARGV[1] then
+  if dequeue(ARGV[1]) and not owner then
+    hand_over(ARGV[3], '', retention)
+  end
   return 0
 end
 if tonumber(ARGV[2]) > 0 then
   redis.call('HSET', KEYS[1], 'token', '')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-else
-  redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('PUBLISH', ARGV[3], ARGV[1])
+  end
+  return 1
 end
-redis.call('PUBLISH', ARGV[3], ARGV[1])
+redis.call('DEL', KEYS[1])
+hand_over(ARGV[3], ARGV[1], retention)
 return 1

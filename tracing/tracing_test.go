@@ -418,8 +418,9 @@ func TestOutcomes(t *testing.T) {
 			case "canceled":
 				assert.GreaterOrEqual(t, wait, 0.02)
 			case "acquired":
+				// Two attempts, then the store hands the name over: no third one.
 				assert.GreaterOrEqual(t, requireAttr(t, acq, tracing.WakeupsKey).AsInt64(), int64(1))
-				assert.GreaterOrEqual(t, requireAttr(t, acq, tracing.AttemptsKey).AsInt64(), int64(3))
+				assert.GreaterOrEqual(t, requireAttr(t, acq, tracing.AttemptsKey).AsInt64(), int64(2))
 			case "error":
 				require.NotEmpty(t, acq.Events())
 				assert.Equal(t, "exception", acq.Events()[0].Name)

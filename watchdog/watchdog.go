@@ -96,6 +96,10 @@ type Lease struct {
 	// TTL is the lease that each renewal sets. Zero means the lease is not renewed, only
 	// watched until its deadline.
 	TTL time.Duration
+	// Claim, when set, is a lease to set once, at once, before TTL takes over: for a lock
+	// granted with a shorter lease than its own, which claims the rest. The RenewFunc
+	// extends each lease to its RenewTTL.
+	Claim time.Duration
 	// Owner hears about renewals, failures and the end of the lease; nil hears nothing.
 	Owner Owner
 
@@ -187,11 +191,14 @@ func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 	s.mu.Lock()
 	l.deadline = Deadline(start, ttl)
 	l.removed, l.inFlight, l.lastErr = false, 0, nil
-	if l.TTL > 0 {
+	switch {
+	case l.Claim > 0:
+		l.next = time.Now()
+	case l.TTL > 0:
 		l.next = start.Add(l.TTL / 3)
 	}
 	s.leases[l] = struct{}{}
-	if l.TTL > 0 && l.next.Before(l.deadline) {
+	if (l.TTL > 0 || l.Claim > 0) && l.next.Before(l.deadline) {
 		s.arm(l.next)
 	} else {
 		s.arm(l.deadline)
@@ -325,14 +332,14 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 		s.send(ctx, inflight, now)
 	}
 	for l := range s.leases {
-		if l.TTL == 0 {
+		if l.TTL == 0 && l.Claim == 0 {
 			continue
 		}
 		switch {
 		case l.inFlight == 0:
 			earlier(l.next)
 		case l.inFlight < maxPerLease:
-			earlier(l.sentAt.Add(hedgeAfter(l.TTL)))
+			earlier(l.sentAt.Add(hedgeAfter(l.renewTTL())))
 		}
 	}
 	if len(s.leases) > 0 {
@@ -367,16 +374,26 @@ func (s *Scheduler) away(now time.Time) time.Duration {
 // deadline, and either due within early (and nothing is out for it) or out for so long that it
 // is sent again. s.mu must be held.
 func (s *Scheduler) renewable(l *Lease, now time.Time, early time.Duration) bool {
-	if l.TTL == 0 {
+	if l.TTL == 0 && l.Claim == 0 {
 		return false
 	}
 	switch {
 	case l.inFlight == 0:
 		return now.Add(early).After(l.next) || now.Equal(l.next)
 	case l.inFlight < maxPerLease:
-		return !now.Before(l.sentAt.Add(hedgeAfter(l.TTL)))
+		return !now.Before(l.sentAt.Add(hedgeAfter(l.renewTTL())))
 	}
 	return false
+}
+
+// RenewTTL is the lease the next renewal of l asks for: its Claim, or its TTL.
+func (l *Lease) RenewTTL() time.Duration { return l.renewTTL() }
+
+func (l *Lease) renewTTL() time.Duration {
+	if l.Claim > 0 {
+		return l.Claim
+	}
+	return l.TTL
 }
 
 // send starts one renewal batch per partition with every lease that is due now or would be due
@@ -391,7 +408,7 @@ func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time
 	var order []group
 	groups := make(map[group][]*Lease)
 	for l := range s.leases {
-		if !s.renewable(l, now, l.TTL/6) {
+		if !s.renewable(l, now, l.renewTTL()/6) {
 			continue
 		}
 		g := group{hedge: l.inFlight > 0}
@@ -456,10 +473,11 @@ func (s *Scheduler) settle(r batchResult) []callback {
 		}
 		switch res {
 		case Renewed:
-			if d := Deadline(r.start, l.TTL); d.After(l.deadline) {
+			if d := Deadline(r.start, l.renewTTL()); d.After(l.deadline) {
 				l.deadline = d
 				l.next = r.start.Add(l.TTL / 3)
 			}
+			l.Claim = 0 // claimed: renewals from now on are the TTL's, if any
 			l.lastErr = nil
 			if o, d := l.Owner, l.deadline; o != nil {
 				cbs = append(cbs, callback{l, func() { o.Renewed(d) }})
@@ -472,7 +490,7 @@ func (s *Scheduler) settle(r batchResult) []callback {
 			}
 			l.lastErr = err
 			if l.inFlight == 0 {
-				l.next = now.Add(retryAfter(l.TTL))
+				l.next = now.Add(retryAfter(l.renewTTL()))
 			}
 			if o := l.Owner; o != nil {
 				cbs = append(cbs, callback{l, func() { o.RenewFailed(err) }})
