@@ -15,7 +15,7 @@ import (
 type Report struct {
 	Backend  string
 	Seed     uint64
-	Duration time.Duration // of the chaos, from the first worker start to the stop
+	Duration time.Duration // of the run: from the first worker's start until all stopped
 
 	Workers      int            // worker processes started, respawns included
 	Calls        map[string]int // acquire calls by outcome: granted, busy, timeout, error…
@@ -75,7 +75,7 @@ func (r *Report) Summary() string {
 // Details are the figures Summary leaves out, in one line.
 func (r *Report) Details() string {
 	return fmt.Sprintf("%s: %v of chaos, %d worker processes (respawns included), acquire calls %s, "+
-		"writes sent late %d (accepted before a newer holder wrote: %d), history %s",
+		"writes sent late %d (accepted before a newer holder wrote: %d), history %s (kept with go test -artifacts)",
 		r.Backend, r.Duration.Round(time.Millisecond), r.Workers, formatCounts(r.Calls),
 		r.LateWrites, r.LateAccepted, cmp.Or(r.HistoryFile, "not saved"))
 }

@@ -117,14 +117,16 @@ type Acquisition struct {
 
 	Start int64 // the acquire call began
 	Grant int64 // the grant's reply came back (Lock.AcquiredAt)
-	// FirstDeadline is the local validity deadline at the grant; Deadline the latest one the
+	// FirstDeadline is the local validity deadline at the grant; Deadline the last one the
 	// worker reported (renewals and extensions move it).
 	FirstDeadline, Deadline int64
 
 	CtxEnd int64 // the lock's context ended: the earliest of EvLost and EvDone; 0 if not seen
 	Cause  string
 
-	ReleaseCall, ReleaseDone int64 // 0 when not called, or not returned
+	// ReleaseCall is when Release was first called; ReleaseDone and ReleaseErr tell how the
+	// call that freed the lock returned, or else the first that returned. 0: none.
+	ReleaseCall, ReleaseDone int64
 	ReleaseErr               string
 
 	Killed int64 // the worker was killed while it held the lock (0: it was not)
@@ -176,7 +178,9 @@ func (h *History) Acquisitions() (acqs []*Acquisition, calls map[string]int, pro
 		}
 		switch e.Kind {
 		case EvDeadline:
-			a.Deadline = max(a.Deadline, e.Deadline)
+			// The last one reported, not the latest: an Extend may shorten the lease. The
+			// observer reports a lock's events in order.
+			a.Deadline = e.Deadline
 		case EvLost, EvDone:
 			if a.CtxEnd == 0 || e.At < a.CtxEnd {
 				a.CtxEnd = e.At
@@ -184,10 +188,14 @@ func (h *History) Acquisitions() (acqs []*Acquisition, calls map[string]int, pro
 			if a.Cause == "" || e.Kind == EvLost {
 				a.Cause = e.Err
 			}
-		case EvRelease:
-			a.ReleaseCall = e.At
-		case EvReleased:
-			a.ReleaseDone, a.ReleaseErr = e.At, e.Err
+		case EvRelease: // the first call counts: a second one (the observer's) is a no-op
+			if a.ReleaseCall == 0 {
+				a.ReleaseCall = e.At
+			}
+		case EvReleased: // the release that freed the lock, if one did
+			if e.Err == "" || a.ReleaseDone == 0 {
+				a.ReleaseDone, a.ReleaseErr = e.At, e.Err
+			}
 		}
 	}
 	for _, k := range h.Kills {
