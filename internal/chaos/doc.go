@@ -20,7 +20,22 @@
 //     many stale writes it rejected;
 //  4. no holder's context outlived its server-side lease.
 //
-// The run is replayable from its seed: the same seed gives the same fault schedule and the
-// same choices in every worker (the timing, and so the interleaving, differs from run to
-// run).
+// Overlaps that follow a restart which lost the server's data are reported apart
+// (Report.DataLossOverlaps): docs/semantics.md documents that two holders are then possible,
+// and fencing is what protects the resource — the fence must still increase, which property
+// 2 checks.
+//
+// # Running and replaying
+//
+// TestChaos runs about 20 s of chaos per backend (Redis, Redis Cluster, MongoDB through
+// FerretDB) and prints the seed and a one-line summary per backend; it fails on a broken
+// guarantee, with history excerpts and the faults around them. Replay a seed with
+//
+//	go test -race -run 'TestChaos$/redis$' ./internal/chaos -chaos.seed=N
+//
+// (or GUARD_CHAOS_SEED=N for go test ./...). The same seed gives the same fault schedule and
+// the same choices in every worker; the timing, and so the interleaving, differs from run to
+// run. -chaos.duration sets the time per backend, -chaos.workers the number of workers; with
+// go test -artifacts the history (history.json) and porcupine's timeline of a failing name
+// are kept.
 package chaos
