@@ -1,0 +1,275 @@
+package chaos_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/guardlock/guard/internal/chaos"
+	"github.com/guardlock/guard/watchdog"
+)
+
+// history builds a hand-made History; times are in milliseconds from the run's start.
+type history struct {
+	h chaos.History
+	n int
+}
+
+func ms(t int64) int64 { return t * int64(time.Millisecond) }
+
+func newHistory() *history { return &history{h: chaos.History{Start: 0, End: ms(100_000)}} }
+
+// grant records an acquisition by worker w of name with a lease of ttl ms, whose attempt was
+// sent at start and granted at grant; it returns the acquisition's token.
+func (b *history) grant(w int, name string, fence uint64, start, grant, ttl int64) string {
+	b.n++
+	call, token := fmt.Sprintf("call%d", b.n), fmt.Sprintf("token%d", b.n)
+	lease := time.Duration(ms(ttl))
+	b.event(chaos.Event{Kind: chaos.EvStart, Worker: w, Inc: 1, At: ms(start), Call: call, Name: name,
+		Mode: chaos.ModeLease, TTL: int64(lease)})
+	b.event(chaos.Event{Kind: chaos.EvGrant, Worker: w, Inc: 1, At: ms(grant), Call: call, Token: token, Name: name,
+		Fence: fence, Deadline: watchdog.Deadline(time.Unix(0, ms(start)), lease).UnixNano()})
+	return token
+}
+
+func (b *history) event(e chaos.Event) { b.h.Events = append(b.h.Events, e) }
+
+// ended records that the lock of token ended on its own at t (its lease ran out).
+func (b *history) ended(w int, token string, t int64) {
+	b.event(chaos.Event{Kind: chaos.EvLost, Worker: w, Inc: 1, At: ms(t), Token: token, Err: "guard: lease expired"})
+	b.event(chaos.Event{Kind: chaos.EvDone, Worker: w, Inc: 1, At: ms(t), Token: token, Err: "guard: lease expired"})
+}
+
+// released records a release of token called at t that returned a millisecond later.
+func (b *history) released(w int, token string, t int64) {
+	b.event(chaos.Event{Kind: chaos.EvRelease, Worker: w, Inc: 1, At: ms(t), Token: token})
+	b.event(chaos.Event{Kind: chaos.EvDone, Worker: w, Inc: 1, At: ms(t), Token: token, Err: "guard: lock released"})
+	b.event(chaos.Event{Kind: chaos.EvReleased, Worker: w, Inc: 1, At: ms(t + 1), Token: token})
+}
+
+// write records a fenced write of token sent at t and judged by the resource at t+1.
+func (b *history) write(w int, token, name string, fence uint64, t int64, accepted bool) {
+	b.n++
+	outcome := "rejected"
+	if accepted {
+		outcome = "accepted"
+	}
+	b.event(chaos.Event{Kind: chaos.EvWrite, Worker: w, Inc: 1, At: ms(t), Token: token, Seq: b.n, Fence: fence})
+	b.h.Writes = append(b.h.Writes, chaos.Write{Name: name, Fence: fence, Token: token, Seq: b.n, Arrival: ms(t + 1), Accepted: accepted})
+	b.event(chaos.Event{Kind: chaos.EvWrote, Worker: w, Inc: 1, At: ms(t + 2), Token: token, Seq: b.n, Outcome: outcome})
+}
+
+// TestCheck feeds the checker hand-made histories: each broken guarantee must fail the
+// check, and the cases that only look alike (a paused holder, documented data loss, a
+// stale write that was rejected) must not.
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name  string
+		build func(b *history)
+		want  chaos.Report // the counters compared; Linearizable by prefix
+		fail  bool
+	}{{
+		name: "holders one after the other",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			b.write(0, a, "x", 1, 10, true)
+			b.released(0, a, 100)
+			c := b.grant(1, "x", 2, 50, 102, 600)
+			b.write(1, c, "x", 2, 110, true)
+			b.released(1, c, 200)
+		},
+		want: chaos.Report{Linearizable: "ok"},
+	}, {
+		name: "overlap: a grant while the holder's context lives",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			c := b.grant(1, "x", 2, 100, 300, 600) // a's context ends only at 590
+			b.ended(0, a, 590)
+			b.released(1, c, 400)
+		},
+		want: chaos.Report{Overlaps: 1, Outlived: 1, Linearizable: "illegal"},
+		fail: true,
+	}, {
+		name: "stale write accepted",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			b.released(0, a, 100)
+			c := b.grant(1, "x", 2, 50, 102, 600)
+			b.write(1, c, "x", 2, 110, true)
+			b.write(0, a, "x", 1, 120, true) // a late write the resource should have refused
+			b.released(1, c, 200)
+		},
+		want: chaos.Report{StaleAccepted: 1, LateWrites: 1, Linearizable: "ok"},
+		fail: true,
+	}, {
+		name: "stale write rejected: fencing at work",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			b.released(0, a, 100)
+			c := b.grant(1, "x", 2, 50, 102, 600)
+			b.write(1, c, "x", 2, 110, true)
+			b.write(0, a, "x", 1, 120, false)
+			b.released(1, c, 200)
+		},
+		want: chaos.Report{StaleRejected: 1, LateWrites: 1, Linearizable: "ok"},
+	}, {
+		name: "not linearizable: the fence goes backwards",
+		build: func(b *history) {
+			a := b.grant(0, "x", 5, 0, 2, 600)
+			b.released(0, a, 100)
+			c := b.grant(1, "x", 3, 150, 152, 600)
+			b.released(1, c, 200)
+		},
+		want: chaos.Report{Linearizable: "illegal"},
+		fail: true,
+	}, {
+		name: "not linearizable: the fence repeats",
+		build: func(b *history) {
+			a := b.grant(0, "x", 5, 0, 2, 600)
+			b.released(0, a, 100)
+			c := b.grant(1, "x", 5, 150, 152, 600)
+			b.released(1, c, 200)
+		},
+		want: chaos.Report{Linearizable: "illegal"},
+		fail: true,
+	}, {
+		name: "a holder stopped past its deadline is no overlap",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600) // deadline 592
+			b.h.Stops = append(b.h.Stops, chaos.Stop{Worker: 0, Inc: 1, From: ms(300), To: ms(1500)})
+			c := b.grant(1, "x", 2, 590, 700, 600)
+			b.write(1, c, "x", 2, 710, true)
+			b.write(0, a, "x", 1, 1505, false) // resumed before it saw its context end
+			b.ended(0, a, 1510)
+			b.released(1, c, 1000)
+		},
+		want: chaos.Report{StaleRejected: 1, LateWrites: 1, Linearizable: "ok"},
+	}, {
+		name: "the same holder, not stopped, is an overlap",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			c := b.grant(1, "x", 2, 590, 700, 600)
+			b.ended(0, a, 1510)
+			b.released(1, c, 1000)
+		},
+		want: chaos.Report{Overlaps: 1, Outlived: 1, Linearizable: "illegal"},
+		fail: true,
+	}, {
+		name: "data loss: two holders, as documented, fences still in order",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			b.h.Wipes = append(b.h.Wipes, chaos.Wipe{Names: []string{"x"}, From: ms(100), To: ms(150)})
+			c := b.grant(1, "x", 1_000_000, 160, 200, 600)
+			b.ended(0, a, 592)
+			b.released(1, c, 700)
+		},
+		want: chaos.Report{DataLossOverlaps: 1, Linearizable: "ok"},
+	}, {
+		name: "data loss that resets the fence",
+		build: func(b *history) {
+			a := b.grant(0, "x", 7, 0, 2, 600)
+			b.h.Wipes = append(b.h.Wipes, chaos.Wipe{Names: []string{"x"}, From: ms(100), To: ms(150)})
+			c := b.grant(1, "x", 1, 160, 200, 600)
+			b.ended(0, a, 592)
+			b.released(1, c, 700)
+		},
+		want: chaos.Report{DataLossOverlaps: 1, Linearizable: "illegal"},
+		fail: true,
+	}, {
+		name: "a killed holder's lease runs out",
+		build: func(b *history) {
+			b.grant(0, "x", 1, 0, 2, 600)
+			b.h.Kills = append(b.h.Kills, chaos.Kill{Worker: 0, Inc: 1, At: ms(100)})
+			c := b.grant(1, "x", 2, 300, 610, 600)
+			b.released(1, c, 700)
+		},
+		want: chaos.Report{Linearizable: "ok"},
+	}, {
+		name: "a write the harness cannot place",
+		build: func(b *history) {
+			b.event(chaos.Event{Kind: chaos.EvWrite, Worker: 0, Inc: 1, At: ms(5), Token: "nobody", Seq: 1, Fence: 1})
+		},
+		want: chaos.Report{Linearizable: "ok"},
+		fail: true,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newHistory()
+			tt.build(b)
+			dir := t.TempDir()
+			r := chaos.Check(&b.h, dir)
+			got := chaos.Report{
+				Overlaps: r.Overlaps, DataLossOverlaps: r.DataLossOverlaps, Outlived: r.Outlived,
+				StaleAccepted: r.StaleAccepted, StaleRejected: r.StaleRejected, LateWrites: r.LateWrites,
+				Linearizable: r.Linearizable,
+			}
+			if strings.HasPrefix(got.Linearizable, tt.want.Linearizable) {
+				got.Linearizable = tt.want.Linearizable
+			}
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.fail, r.Failed(), "violations: %q\nproblems: %q", r.Violations, r.Problems)
+			if tt.want.Linearizable == "illegal" {
+				files, _ := filepath.Glob(filepath.Join(dir, "porcupine-*.html"))
+				assert.NotEmpty(t, files, "no timeline of the illegal history")
+			}
+		})
+	}
+}
+
+// TestCheckExplainsOverlap shows that a violation names both acquisitions, with their events.
+func TestCheckExplainsOverlap(t *testing.T) {
+	b := newHistory()
+	a := b.grant(0, "x", 1, 0, 2, 600)
+	c := b.grant(1, "x", 2, 100, 300, 600)
+	b.ended(0, a, 590)
+	b.released(1, c, 400)
+	r := chaos.Check(&b.h, "")
+	require.NotEmpty(t, r.Violations)
+	v := r.Violations[0]
+	for _, want := range []string{`overlap on "x"`, "w0.1 x fence 1", "w1.1 x fence 2", "t+300.000ms", "lease expired"} {
+		assert.Contains(t, v, want)
+	}
+}
+
+// TestResource checks the fenced resource's rule: a write is accepted when its fence is at
+// least the highest accepted for its name, whatever other names do.
+func TestResource(t *testing.T) {
+	r := chaos.StartResource()
+	defer r.Close()
+	post := func(name string, fence uint64) string {
+		t.Helper()
+		resp, err := httpPost(fmt.Sprintf("%s/write?name=%s&fence=%d&token=t&seq=1", r.URL, name, fence))
+		require.NoError(t, err)
+		return resp
+	}
+	assert.Equal(t, "accepted", post("x", 5))
+	assert.Equal(t, "accepted", post("x", 5))
+	assert.Equal(t, "rejected", post("x", 4))
+	assert.Equal(t, "accepted", post("y", 1))
+	assert.Equal(t, "accepted", post("x", 6))
+	var accepted []bool
+	for _, w := range r.Log() {
+		accepted = append(accepted, w.Accepted)
+	}
+	assert.Equal(t, []bool{true, true, false, true, true}, accepted)
+}
+
+// httpPost posts an empty body to url and returns the answer's body, on a connection of its
+// own that it closes.
+func httpPost(url string) (string, error) {
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Post(url, "text/plain", nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
