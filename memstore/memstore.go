@@ -46,7 +46,7 @@ type Store struct {
 	locks  map[string]*entry
 	queues map[string][]waiter // by name, in arrival order
 	fence  uint64              // the last fence given, for any name
-	ops    int    // acquisitions since the last sweep
+	ops    int                 // acquisitions since the last sweep
 	subs   map[*subscription]struct{}
 	sweeps int // sweeps done, for tests
 }

@@ -172,8 +172,8 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		client: client, prefix: o.prefix,
 		allowEviction: o.allowEviction, acks: o.acks, ackTimeout: o.ackTimeout,
 		queueTimeout: o.queueTimeout,
-		checked:   make(chan struct{}),
-		idleCheck: idleCheck, pongTimeout: pongTimeout,
+		checked:      make(chan struct{}),
+		idleCheck:    idleCheck, pongTimeout: pongTimeout,
 	}
 	s.cluster, _ = client.(*redis.ClusterClient)
 	if s.allowEviction {
