@@ -32,7 +32,7 @@ type election struct {
 // electorFleet is 3 instances, each with its own Guard on a new client of the server, an
 // Elector and a gocron scheduler that runs one job every period while the instance leads.
 type electorFleet struct {
-	log      *tickLog
+	log      *guardtest.TickLog
 	elected  chan election
 	backends []*mortal
 	guards   []*guard.Guard
@@ -47,7 +47,7 @@ func startElectorFleet(t *testing.T, open func(*testing.T) guard.Backend) *elect
 	name := lockName(t)
 	t0 := time.Now().Add(500 * time.Millisecond)
 	f := &electorFleet{
-		log:      newTickLog(t0, period),
+		log:      guardtest.NewTickLog(t0, period),
 		elected:  make(chan election, 100),
 		backends: make([]*mortal, instances),
 		guards:   make([]*guard.Guard, instances),
@@ -80,7 +80,7 @@ func startElectorFleet(t *testing.T, open func(*testing.T) guard.Backend) *elect
 		t.Cleanup(func() { _ = e.Close(context.Background()) })
 
 		s := newScheduler(t, gocron.WithDistributedElector(e), withSkew())
-		_, err = s.NewJob(gocron.DurationJob(period), gocron.NewTask(e.Func(f.log.task(i, 2*time.Millisecond))),
+		_, err = s.NewJob(gocron.DurationJob(period), gocron.NewTask(e.Func(f.log.Task(i, 2*time.Millisecond))),
 			gocron.WithName(name),
 			gocron.WithStartAt(gocron.WithStartDateTime(t0)),
 			gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) {
@@ -117,7 +117,7 @@ func (f *electorFleet) waitRuns(t *testing.T, instance, n int) {
 	defer timeout.Stop()
 	for n > 0 {
 		select {
-		case i := <-f.log.ran:
+		case i := <-f.log.Ran:
 			if i == instance {
 				n--
 			}
@@ -168,13 +168,9 @@ func TestElectorHandOver(t *testing.T) {
 			assert.LessOrEqual(t, deathHandOver, lease+retryAfterExpiry(t, f.backends[third.instance].Backend),
 				"hand-over after death")
 
-			runs, _ := f.log.snapshot()
-			t.Logf("runs per tick (tick:[instance]): %s", perTick(runs))
-			t.Logf("runs by instance: %v", byInstance(runs))
-			for k, ids := range runs {
-				assert.LessOrEqual(t, len(ids), 1, "tick %d ran on instances %v", k, ids)
-			}
-			assert.Zero(t, f.log.overlaps.Load(), "runs overlapped")
+			f.log.Log(t)
+			assert.Zero(t, f.log.RanTwice(), "a tick ran twice")
+			assert.Zero(t, f.log.Overlaps(), "runs overlapped")
 		})
 	}
 }

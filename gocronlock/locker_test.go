@@ -28,11 +28,11 @@ type schedule struct {
 // runFleet runs the schedule on 3 instances — each with its own Guard on a new client of the
 // server, its own Locker with opts and its own gocron scheduler — whose timers fire up to skew
 // apart, and returns the runs once every instance has fired every tick.
-func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, opts ...guard.LockOption) *tickLog {
+func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, opts ...guard.LockOption) *guardtest.TickLog {
 	t.Helper()
 	name := lockName(t)
 	t0 := time.Now().Add(500 * time.Millisecond) // time to connect the clients
-	log := newTickLog(t0, sc.period)
+	log := guardtest.NewTickLog(t0, sc.period)
 	fired := make(chan int, instances*(sc.ticks+20)) // each instance, at each tick it fired
 	var fleet []*scheduler
 	for i := range instances {
@@ -41,7 +41,7 @@ func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, op
 		require.NoError(t, err)
 		s := newScheduler(t, gocron.WithDistributedLocker(locker), withSkew())
 		_, err = s.NewJob(gocron.DurationJob(sc.period),
-			gocron.NewTask(locker.Func(log.task(i, sc.work))),
+			gocron.NewTask(locker.Func(log.Task(i, sc.work))),
 			gocron.WithName(name),
 			gocron.WithStartAt(gocron.WithStartDateTime(t0)),
 			gocron.WithEventListeners(
@@ -83,29 +83,6 @@ func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, op
 	return log
 }
 
-// requireOncePerTick checks that each of the first ticks ticks ran exactly once, that no
-// tick ran twice, that no two runs overlapped, and that the fences rose from tick to tick.
-func requireOncePerTick(t *testing.T, log *tickLog, ticks int) {
-	t.Helper()
-	runs, fences := log.snapshot()
-	t.Logf("runs per tick (tick:[instance]): %s", perTick(runs))
-	t.Logf("runs by instance: %v", byInstance(runs))
-	for k := range ticks {
-		assert.Len(t, runs[k], 1, "tick %d ran on instances %v", k, runs[k])
-	}
-	for k, ids := range runs {
-		assert.LessOrEqual(t, len(ids), 1, "tick %d ran on instances %v", k, ids)
-	}
-	assert.Zero(t, log.overlaps.Load(), "runs overlapped")
-	for k := 1; k < ticks; k++ {
-		if len(fences[k]) == 1 && len(fences[k-1]) == 1 {
-			assert.Greater(t, fences[k][0], fences[k-1][0], "fence of tick %d", k)
-		} else {
-			assert.Fail(t, "a run without a fence", "tick %d: %v, tick %d: %v", k-1, fences[k-1], k, fences[k])
-		}
-	}
-}
-
 // Acceptance: 3 schedulers on each backend, a job every 150 ms for 20 ticks, timers a few
 // milliseconds apart: every tick runs exactly once, also when the job takes only 2 ms.
 func TestLockerOncePerTick(t *testing.T) {
@@ -121,7 +98,7 @@ func TestLockerOncePerTick(t *testing.T) {
 			} {
 				t.Run(c.name, func(t *testing.T) {
 					log := runFleet(t, open, schedule{period: period, ticks: ticks, work: c.work}, guard.MinHold(hold))
-					requireOncePerTick(t, log, ticks)
+					log.RequireOncePerTick(t, ticks)
 				})
 			}
 		})
@@ -135,16 +112,9 @@ func TestLockerWithoutHoldRunsTicksAgain(t *testing.T) {
 	store := memstore.New()
 	log := runFleet(t, func(*testing.T) guard.Backend { return store },
 		schedule{period: period, ticks: ticks, work: 2 * time.Millisecond}, guard.MinHold(0))
-	runs, _ := log.snapshot()
-	t.Logf("runs per tick (tick:[instance]): %s", perTick(runs))
-	again := 0
-	for _, ids := range runs {
-		if len(ids) > 1 {
-			again++
-		}
-	}
-	assert.Positive(t, again, "no tick ran twice without a hold window")
-	assert.Zero(t, log.overlaps.Load(), "the lock still keeps runs apart")
+	log.Log(t)
+	assert.Positive(t, log.RanTwice(), "no tick ran twice without a hold window")
+	assert.Zero(t, log.Overlaps(), "the lock still keeps runs apart")
 }
 
 // The default hold window suits a job that runs once a second.
@@ -153,7 +123,7 @@ func TestLockerDefaultHold(t *testing.T) {
 	const n = 4
 	log := runFleet(t, func(*testing.T) guard.Backend { return store },
 		schedule{period: time.Second, ticks: n, work: 2 * time.Millisecond})
-	requireOncePerTick(t, log, n)
+	log.RequireOncePerTick(t, n)
 }
 
 // runOnce runs task once at once on a new scheduler with opts, and returns its error.

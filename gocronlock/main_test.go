@@ -3,10 +3,7 @@ package gocronlock_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,91 +83,6 @@ func (c skewedClock) Now() time.Time { return c.Clock.Now().Add(rand.N(c.max)) }
 // withSkew is the scheduler option of a skewed clock.
 func withSkew() gocron.SchedulerOption {
 	return gocron.WithClock(skewedClock{Clock: clockwork.NewRealClock(), max: skew})
-}
-
-// tickLog records the runs of one job, by tick, across the instances. Every run flags itself
-// while it runs, so that two runs at once are caught even when each tick ran once.
-type tickLog struct {
-	t0     time.Time // when tick 0 is due
-	period time.Duration
-
-	inside   atomic.Int32 // runs in progress
-	overlaps atomic.Int32 // runs that started while another was in progress
-	ran      chan int     // the instance of each run, when it ends
-
-	mu     sync.Mutex // protects runs and fences
-	runs   map[int][]int
-	fences map[int][]uint64
-}
-
-func newTickLog(t0 time.Time, period time.Duration) *tickLog {
-	return &tickLog{t0: t0, period: period, ran: make(chan int, 1000),
-		runs: map[int][]int{}, fences: map[int][]uint64{}}
-}
-
-// tick returns the tick that a run starting at at belongs to: the nearest due time. Instances
-// fire a few milliseconds apart, far less than half a period.
-func (r *tickLog) tick(at time.Time) int {
-	return int((at.Sub(r.t0) + r.period/2) / r.period)
-}
-
-// task returns the job as instance runs it: it records its tick and its fence (when it runs
-// under a lock), works for work, and fails on a context that ends early.
-func (r *tickLog) task(instance int, work time.Duration) func(context.Context) error {
-	return func(ctx context.Context) error {
-		k := r.tick(time.Now())
-		if r.inside.Add(1) > 1 {
-			r.overlaps.Add(1)
-		}
-		defer func() {
-			r.inside.Add(-1)
-			r.ran <- instance
-		}()
-		r.mu.Lock()
-		r.runs[k] = append(r.runs[k], instance)
-		if l, ok := guard.FromContext(ctx); ok {
-			r.fences[k] = append(r.fences[k], l.Fence())
-		}
-		r.mu.Unlock()
-		if work <= 0 {
-			return ctx.Err()
-		}
-		tm := time.NewTimer(work)
-		defer tm.Stop()
-		select {
-		case <-tm.C:
-			return nil
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-	}
-}
-
-// snapshot returns the runs by tick.
-func (r *tickLog) snapshot() (runs map[int][]int, fences map[int][]uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return maps.Clone(r.runs), maps.Clone(r.fences)
-}
-
-// perTick summarises runs as "tick:instances" in tick order, for the log.
-func perTick(runs map[int][]int) string {
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(runs)) {
-		fmt.Fprintf(&b, " %d:%v", k, runs[k])
-	}
-	return strings.TrimSpace(b.String())
-}
-
-// byInstance counts the runs of each instance.
-func byInstance(runs map[int][]int) map[int]int {
-	n := map[int]int{}
-	for _, ids := range runs {
-		for _, id := range ids {
-			n[id]++
-		}
-	}
-	return n
 }
 
 // mortal is a backend that can die as its process would: once dead, every call fails without
