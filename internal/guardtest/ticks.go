@@ -39,6 +39,12 @@ func NewTickLog(t0 time.Time, period time.Duration) *TickLog {
 		runs: map[int][]int{}, fences: map[int][]uint64{}}
 }
 
+// Tick0 returns when tick 0 is due.
+func (r *TickLog) Tick0() time.Time { return r.t0 }
+
+// Period returns the time between two ticks.
+func (r *TickLog) Period() time.Duration { return r.period }
+
 // Tick returns the tick that a run starting at at belongs to: the nearest due time. Instances
 // fire a few milliseconds apart, far less than half a period.
 func (r *TickLog) Tick(at time.Time) int {
