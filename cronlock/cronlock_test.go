@@ -24,11 +24,12 @@ type fleet struct {
 	crons []*cron.Cron
 }
 
-// startFleet starts the instances: each schedules the job, built by job from its wrapper,
-// on the schedule that spec (or, when spec is "", a skewed schedule of period) gives; opts go
-// to SkipIfLocked.
+// startFleet starts the instances: each schedules the job that job returns — given the
+// instance and a function that returns the running tick's scheduled time — on the schedule
+// that spec (or, when spec is "", a skewed schedule of the log's period) gives; opts go to
+// SkipIfLocked.
 func startFleet(t *testing.T, open func(*testing.T) guard.Backend, log *guardtest.TickLog, spec string,
-	job func(instance int) cron.Job, opts ...guard.LockOption) *fleet {
+	job func(instance int, scheduled func() time.Time) cron.Job, opts ...guard.LockOption) *fleet {
 	t.Helper()
 	name := lockName(t)
 	f := &fleet{log: log, fired: make(chan int, 10000)}
@@ -46,11 +47,14 @@ func startFleet(t *testing.T, open func(*testing.T) guard.Backend, log *guardtes
 		})
 		c := cron.New(cron.WithSeconds())
 		t.Cleanup(func() { stop(c) })
-		wrapped := cron.NewChain(fired, wrap).Then(job(i))
+		var id cron.EntryID
+		// The tick a run is for: cron sets the entry's Prev when it starts the run.
+		scheduled := func() time.Time { return c.Entry(id).Prev }
+		wrapped := cron.NewChain(fired, wrap).Then(job(i, scheduled))
 		if spec == "" {
-			c.Schedule(skewed{t0: log.Tick0(), period: log.Period()}, wrapped)
+			id = c.Schedule(skewed{t0: log.Tick0(), period: log.Period()}, wrapped)
 		} else {
-			_, err := c.AddJob(spec, wrapped)
+			id, err = c.AddJob(spec, wrapped)
 			require.NoError(t, err)
 		}
 		f.crons = append(f.crons, c)
@@ -92,7 +96,7 @@ func (f *fleet) errors() []error {
 	return errs
 }
 
-// Acceptance: 3 crons on each backend, a job every 150 ms for 20 ticks, timers up to 10 ms
+// Acceptance: 3 crons on each backend, a job every 200 ms for 20 ticks, timers up to 10 ms
 // apart: every tick runs exactly once, also when the job takes only 2 ms.
 func TestOncePerTick(t *testing.T) {
 	for _, srv := range guardtest.Servers() {
@@ -107,8 +111,8 @@ func TestOncePerTick(t *testing.T) {
 			} {
 				t.Run(c.name, func(t *testing.T) {
 					log := guardtest.NewTickLog(time.Now().Add(500*time.Millisecond), period)
-					f := startFleet(t, open, log, "", func(i int) cron.Job {
-						return cronlock.FuncJob(log.Task(i, c.work))
+					f := startFleet(t, open, log, "", func(i int, scheduled func() time.Time) cron.Job {
+						return cronlock.FuncJob(log.Task(i, c.work, scheduled))
 					}, guard.MinHold(hold))
 					f.wait(t, ticks)
 					log.RequireOncePerTick(t, ticks)
@@ -124,8 +128,8 @@ func TestOncePerTick(t *testing.T) {
 func TestWithoutHoldRunsTicksAgain(t *testing.T) {
 	store := memstore.New()
 	log := guardtest.NewTickLog(time.Now().Add(500*time.Millisecond), period)
-	f := startFleet(t, func(*testing.T) guard.Backend { return store }, log, "", func(i int) cron.Job {
-		return cronlock.FuncJob(log.Task(i, 2*time.Millisecond))
+	f := startFleet(t, func(*testing.T) guard.Backend { return store }, log, "", func(i int, scheduled func() time.Time) cron.Job {
+		return cronlock.FuncJob(log.Task(i, 2*time.Millisecond, scheduled))
 	}, guard.MinHold(0))
 	f.wait(t, ticks)
 	log.Log(t)
@@ -138,8 +142,8 @@ func TestDefaultHold(t *testing.T) {
 	store := memstore.New()
 	const n = 4
 	log := guardtest.NewTickLog(time.Now().Truncate(time.Second).Add(time.Second), time.Second)
-	f := startFleet(t, func(*testing.T) guard.Backend { return store }, log, "* * * * * *", func(i int) cron.Job {
-		return cronlock.FuncJob(log.Task(i, 2*time.Millisecond))
+	f := startFleet(t, func(*testing.T) guard.Backend { return store }, log, "* * * * * *", func(i int, scheduled func() time.Time) cron.Job {
+		return cronlock.FuncJob(log.Task(i, 2*time.Millisecond, scheduled))
 	})
 	f.wait(t, n)
 	log.RequireOncePerTick(t, n)

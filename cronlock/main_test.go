@@ -2,6 +2,7 @@ package cronlock_test
 
 import (
 	"context"
+	crand "crypto/rand"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
@@ -22,7 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // The acceptance schedule: 3 instances run one job every period, for ticks ticks.
 const (
 	instances = 3
-	period    = 150 * time.Millisecond
+	period    = 200 * time.Millisecond
 	ticks     = 20
 	// skew is how far apart the instances' timers fire, at most, on top of the scheduling
 	// noise.
@@ -37,11 +39,16 @@ func lockName(t *testing.T) string {
 }
 
 // newGuard returns a Guard on a new client of the server — a service instance — closed when
-// the test ends.
+// the test ends. It has taken a lock already, so that its client has connected (and mongostore
+// has measured the server's clock) before the first tick: a first run that waits for that
+// holds its window that much later, into the next tick.
 func newGuard(t *testing.T, open func(*testing.T) guard.Backend, opts ...guard.Option) *guard.Guard {
 	t.Helper()
 	g := guard.New(open(t), opts...)
 	t.Cleanup(func() { assert.NoError(t, g.Close(context.Background())) })
+	l, err := g.TryAcquire(t.Context(), "warm-up:"+crand.Text())
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
 	return g
 }
 

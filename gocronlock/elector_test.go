@@ -59,6 +59,7 @@ func startElectorFleet(t *testing.T, open func(*testing.T) guard.Backend) *elect
 		f.guards[i] = g
 		// A dead instance's Guard cannot release: its Close error is expected.
 		t.Cleanup(func() { _ = g.Close(context.Background()) })
+		warmUp(t, g)
 		e, err := gocronlock.NewElector(g, name, gocronlock.Settle(hold), gocronlock.OnElected(func(l *guard.Lock) {
 			ev := election{instance: i, fence: l.Fence(), at: time.Now()}
 			f.mu.Lock()
@@ -79,8 +80,14 @@ func startElectorFleet(t *testing.T, open func(*testing.T) guard.Backend) *elect
 		f.mu.Unlock()
 		t.Cleanup(func() { _ = e.Close(context.Background()) })
 
-		s := newScheduler(t, gocron.WithDistributedElector(e), withSkew())
-		_, err = s.NewJob(gocron.DurationJob(period), gocron.NewTask(e.Func(f.log.Task(i, 2*time.Millisecond))),
+		s := newScheduler(t, gocron.WithDistributedElector(splayedElector{e}))
+		var job gocron.Job
+		scheduled := func() time.Time {
+			next, err := job.NextRun()
+			assert.NoError(t, err)
+			return next.Add(-period)
+		}
+		job, err = s.NewJob(gocron.DurationJob(period), gocron.NewTask(e.Func(f.log.Task(i, 2*time.Millisecond, scheduled))),
 			gocron.WithName(name),
 			gocron.WithStartAt(gocron.WithStartDateTime(t0)),
 			gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) {

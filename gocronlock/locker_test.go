@@ -39,9 +39,16 @@ func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, op
 		g := newGuard(t, open)
 		locker, err := gocronlock.NewLocker(g, opts...)
 		require.NoError(t, err)
-		s := newScheduler(t, gocron.WithDistributedLocker(locker), withSkew())
-		_, err = s.NewJob(gocron.DurationJob(sc.period),
-			gocron.NewTask(locker.Func(log.Task(i, sc.work))),
+		s := newScheduler(t, gocron.WithDistributedLocker(splayedLocker{locker}))
+		var job gocron.Job
+		// The tick a run is for: gocron sets the next tick before the task runs.
+		scheduled := func() time.Time {
+			next, err := job.NextRun()
+			assert.NoError(t, err)
+			return next.Add(-sc.period)
+		}
+		job, err = s.NewJob(gocron.DurationJob(sc.period),
+			gocron.NewTask(locker.Func(log.Task(i, sc.work, scheduled))),
 			gocron.WithName(name),
 			gocron.WithStartAt(gocron.WithStartDateTime(t0)),
 			gocron.WithEventListeners(
@@ -83,7 +90,7 @@ func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, op
 	return log
 }
 
-// Acceptance: 3 schedulers on each backend, a job every 150 ms for 20 ticks, timers a few
+// Acceptance: 3 schedulers on each backend, a job every 200 ms for 20 ticks, timers a few
 // milliseconds apart: every tick runs exactly once, also when the job takes only 2 ms.
 func TestLockerOncePerTick(t *testing.T) {
 	for _, srv := range guardtest.Servers() {

@@ -2,8 +2,9 @@ package gocronlock_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
-	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // The acceptance schedule: 3 instances run one job every period, for ticks ticks.
 const (
 	instances = 3
-	period    = 150 * time.Millisecond
+	period    = 200 * time.Millisecond
 	ticks     = 20
 	// skew is how far apart the instances' timers fire, at most, on top of the scheduling
 	// noise: each reading of an instance's clock is ahead by a random amount up to skew.
@@ -45,7 +45,18 @@ func newGuard(t *testing.T, open func(*testing.T) guard.Backend, opts ...guard.O
 	t.Helper()
 	g := guard.New(open(t), opts...)
 	t.Cleanup(func() { assert.NoError(t, g.Close(context.Background())) })
+	warmUp(t, g)
 	return g
+}
+
+// warmUp takes and releases a lock of its own on g, so that the client has connected (and
+// mongostore has measured the server's clock) before the first tick: a first run that waits
+// for that holds its window that much later, into the next tick.
+func warmUp(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	l, err := g.TryAcquire(t.Context(), "warm-up:"+rand.Text())
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
 }
 
 // scheduler is a gocron.Scheduler that the test shuts down once, at the latest when it ends.
@@ -69,20 +80,39 @@ func (s *scheduler) shutdown(t *testing.T) {
 	s.once.Do(func() { assert.NoError(t, s.Shutdown()) })
 }
 
-// skewedClock is the real clock, read ahead by a random amount up to max, a different amount
-// at every reading. gocron sets each timer from a reading of its clock, so a scheduler on it
-// fires each tick up to max early: the instances' timers fire milliseconds apart, in a
-// different order at every tick, as on machines whose clocks are not quite in step.
-type skewedClock struct {
-	clockwork.Clock
-	max time.Duration
+// splay waits a random time up to skew, or until ctx ends: an instance's timer firing later
+// than another's, by a different amount at every tick, as on machines whose clocks are not
+// quite in step. (A skewed gocron clock would do the same, but gocron also reads it to tell
+// which of a job's ticks are past, and a clock that jumps at every reading confuses that.)
+func splay(ctx context.Context) error {
+	t := time.NewTimer(mrand.N(skew))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-func (c skewedClock) Now() time.Time { return c.Clock.Now().Add(rand.N(c.max)) }
+// splayedLocker is a gocron.Locker that asks for the lock after a splay.
+type splayedLocker struct{ gocron.Locker }
 
-// withSkew is the scheduler option of a skewed clock.
-func withSkew() gocron.SchedulerOption {
-	return gocron.WithClock(skewedClock{Clock: clockwork.NewRealClock(), max: skew})
+func (l splayedLocker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
+	if err := splay(ctx); err != nil {
+		return nil, err
+	}
+	return l.Locker.Lock(ctx, key)
+}
+
+// splayedElector is a gocron.Elector that answers after a splay.
+type splayedElector struct{ gocron.Elector }
+
+func (e splayedElector) IsLeader(ctx context.Context) error {
+	if err := splay(ctx); err != nil {
+		return err
+	}
+	return e.Elector.IsLeader(ctx)
 }
 
 // mortal is a backend that can die as its process would: once dead, every call fails without

@@ -100,8 +100,8 @@ type instance struct {
 
 // schedule runs the report on a gocron scheduler, at the start of every window, through
 // locker: the instance that takes the window's lock runs it, the others find it taken. The
-// instance's clock is a little late, by a different amount each time. schedule returns when
-// the scheduler has fired the configured windows, or when ctx ends.
+// instance's clock is a little late, by its own amount. schedule returns when the scheduler
+// has fired the configured windows, or when ctx ends.
 func (in *instance) schedule(ctx context.Context, locker *gocronlock.Locker) {
 	fired := make(chan struct{}) // closed when the last window has fired
 	var n atomic.Int64
@@ -112,7 +112,7 @@ func (in *instance) schedule(ctx context.Context, locker *gocronlock.Locker) {
 	}
 	s, err := gocron.NewScheduler(
 		gocron.WithDistributedLocker(locker),
-		gocron.WithClock(lateClock{Clock: clockwork.NewRealClock(), max: in.cfg.maxLate()}))
+		gocron.WithClock(lateClock{Clock: clockwork.NewRealClock(), late: rand.N(in.cfg.maxLate())}))
 	if err != nil {
 		in.rec.fail(fmt.Errorf("instance %d: %w", in.id, err))
 		return
@@ -154,16 +154,15 @@ func (in *instance) schedule(ctx context.Context, locker *gocronlock.Locker) {
 	}
 }
 
-// lateClock is an instance's clock: behind the real one by a random amount up to max, a
-// different amount at every reading. gocron sets each timer from a reading of its clock, so
-// the instance fires each tick up to max late, as an instance whose clock is not quite in step
-// with the others' would.
+// lateClock is an instance's clock, behind the real one by late: the instance fires every
+// tick that much later than an instance whose clock is right. The instance whose clock is
+// furthest ahead runs every window; the others find it taken.
 type lateClock struct {
 	clockwork.Clock
-	max time.Duration
+	late time.Duration
 }
 
-func (c lateClock) Now() time.Time { return c.Clock.Now().Add(-rand.N(c.max)) }
+func (c lateClock) Now() time.Time { return c.Clock.Now().Add(-c.late) }
 
 // runReport is the scheduled job.
 func (in *instance) runReport(ctx context.Context) error {

@@ -25,6 +25,7 @@ type TickLog struct {
 
 	inside   atomic.Int32 // runs in progress
 	overlaps atomic.Int32 // runs that started while another was in progress
+	late     atomic.Int64 // the latest a run started after its tick was due, in nanoseconds
 	// Ran receives the instance of each run when it ends; it holds 1000 before a run blocks.
 	Ran chan int
 
@@ -45,17 +46,22 @@ func (r *TickLog) Tick0() time.Time { return r.t0 }
 // Period returns the time between two ticks.
 func (r *TickLog) Period() time.Duration { return r.period }
 
-// Tick returns the tick that a run starting at at belongs to: the nearest due time. Instances
-// fire a few milliseconds apart, far less than half a period.
+// Tick returns the tick nearest to at. A scheduler whose clock is skewed by less than half a
+// period fires each tick nearer to its due time than to any other.
 func (r *TickLog) Tick(at time.Time) int {
 	return int((at.Sub(r.t0) + r.period/2) / r.period)
 }
 
-// Task returns the job as instance runs it: it records its tick and its fence (when it runs
-// under a lock), works for work, and returns the cause of a context that ends first.
-func (r *TickLog) Task(instance int, work time.Duration) func(context.Context) error {
+// Task returns the job as instance runs it: it records its run under the tick that scheduled
+// returns the time of — when the scheduler set the running tick to fire — and its fence (when
+// it runs under a lock), works for work, and returns the cause of a context that ends first.
+// A run that starts late, however late, counts for the tick that started it.
+func (r *TickLog) Task(instance int, work time.Duration, scheduled func() time.Time) func(context.Context) error {
 	return func(ctx context.Context) error {
-		k := r.Tick(time.Now())
+		k := r.Tick(scheduled())
+		late := time.Since(r.t0.Add(time.Duration(k) * r.period))
+		for old := r.late.Load(); int64(late) > old && !r.late.CompareAndSwap(old, int64(late)); old = r.late.Load() {
+		}
 		if r.inside.Add(1) > 1 {
 			r.overlaps.Add(1)
 		}
@@ -131,7 +137,8 @@ func (r *TickLog) Log(t *testing.T) {
 		}
 	}
 	t.Logf("runs per tick (tick:[instance]):%s", b.String())
-	t.Logf("runs by instance: %v", perInstance)
+	t.Logf("runs by instance: %v; the latest run started %v after its tick was due", perInstance,
+		time.Duration(r.late.Load()).Round(time.Millisecond))
 }
 
 // RanTwice returns how many ticks ran more than once.
