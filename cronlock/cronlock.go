@@ -69,8 +69,10 @@ func BaseContext(ctx context.Context) Option {
 // lock called name (see the package doc): the others skip the run, as cron.SkipIfStillRunning
 // skips a run while the previous one runs — and so does this instance while its own previous
 // run still holds the lock. guard.MinHold sets the hold window (default DefaultMinHold),
-// guard.LeaseTime a fixed lease instead of the watchdog's, guard.WaitTime a wait for a busy
-// lock instead of a skip; Logger and BaseContext configure the wrapper.
+// guard.LeaseTime a fixed lease instead of the watchdog's; Logger and BaseContext configure
+// the wrapper. guard.WaitTime makes a run wait for a busy lock instead of skipping, so that
+// every instance runs every tick, one after the other: for a job that must run everywhere
+// but never twice at once, not once per tick.
 //
 // It returns an error for a nil g, a *guard.NameError for a bad name, and a *guard.OptionError
 // for an invalid option — among them a LeaseTime shorter than the hold window.

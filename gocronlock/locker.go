@@ -32,9 +32,11 @@ var _ gocron.Locker = (*Locker)(nil)
 
 // NewLocker returns a Locker that takes its locks from g with opts: guard.MinHold sets the hold
 // window (default DefaultMinHold; see docs/scheduling.md for how to size it), guard.LeaseTime
-// gives every run a fixed lease instead of the watchdog's, guard.WaitTime makes a run wait for
-// a busy lock instead of skipping. It returns an error for a nil g and a *guard.OptionError
-// for an invalid option — among them a LeaseTime shorter than the hold window.
+// gives every run a fixed lease instead of the watchdog's. guard.WaitTime makes a run wait for
+// a busy lock instead of skipping, so that every instance runs every tick, one after the
+// other: for a job that must run everywhere but never twice at once, not once per tick. It
+// returns an error for a nil g and a *guard.OptionError for an invalid option — among them a
+// LeaseTime shorter than the hold window.
 //
 // For a job that needs another hold window, give it a Locker of its own with
 // gocron.WithDistributedJobLocker.
