@@ -16,8 +16,9 @@
 // after the run took it, so that the instances whose timers fire a few milliseconds later
 // find the tick taken. Size the window by the rule of docs/scheduling.md: half the job's
 // period, right while the instances' timers for one tick fire less than half a period apart.
-// Cron expressions fire at wall-clock times, so the ticks of all instances line up; so do
-// "@every" schedules, which cron rounds to whole seconds.
+// Cron expressions fire at wall-clock times, so the ticks of all instances line up. "@every"
+// schedules do not: they count from when each instance's cron started (to the whole second),
+// so two instances have no common ticks to agree on.
 //
 // # Contexts
 //
