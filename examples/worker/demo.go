@@ -178,10 +178,12 @@ func (in *instance) runReport(ctx context.Context) error {
 // start of every window.
 func (in *instance) walk(ctx context.Context) {
 	for b := 0; ; b++ {
-		if b > 0 {
-			if in.cfg.windows > 0 || pause(ctx, time.Until(in.rec.epoch.Add(time.Duration(b)*in.cfg.window))) != nil {
-				return
-			}
+		if b > 0 && in.cfg.windows > 0 {
+			return
+		}
+		// Batch b starts with window b.
+		if pause(ctx, time.Until(in.rec.epoch.Add(time.Duration(b)*in.cfg.window))) != nil {
+			return
 		}
 		for n := range in.cfg.tasks {
 			t := task{ID: b*in.cfg.tasks + n}
