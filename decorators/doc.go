@@ -54,12 +54,11 @@
 //
 // # Scheduled jobs and batches
 //
-// A job that every instance of a service runs on the same schedule runs once per window when
-// it is decorated with guard.MinHold(d), d a little shorter than the schedule's period: the
-// first instance takes the lock, and the lock outlives a fast job for d, so the other
-// instances, whose timers fire a little later or whose clocks are skewed, find it busy. Make d
-// longer than the skew and the timers' spread, and short enough that the name is free again
-// when the next tick fires (MinHold of exactly one period can make the next tick find it
-// still held, and skip a window). A batch whose items each take their own lock ("task:{ID}") with MinHold is
-// processed once per item across instances.
+// A job that every instance of a service runs on the same schedule runs once per tick when
+// it is decorated with guard.MinHold(d): the first instance takes the lock, and the lock
+// outlives a fast job for d, so the other instances, whose timers fire a little later or whose
+// clocks are skewed, find it busy. Make d half the schedule's period (docs/scheduling.md has
+// the rule, and adapters for gocron and robfig/cron: packages gocronlock and cronlock). A
+// batch whose items each take their own lock ("task:{ID}") is processed once per item across
+// instances.
 package decorators

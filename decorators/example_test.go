@@ -79,7 +79,7 @@ func ExampleJob() {
 		report := decorators.MustJob(g, "report:daily", func(ctx context.Context) error {
 			fmt.Printf("instance %d: sending the report\n", instance)
 			return nil
-		}, guard.MinHold(time.Hour))
+		}, guard.MinHold(12*time.Hour)) // half the day: docs/scheduling.md
 
 		if err := report(ctx); errors.Is(err, guard.ErrNotAcquired) {
 			fmt.Printf("instance %d: done elsewhere\n", instance)

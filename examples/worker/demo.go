@@ -7,10 +7,16 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/decorators"
+	"github.com/guardlock/guard/gocronlock"
 )
 
 // The lock names: one fixed name for the scheduled job, one template for the tasks.
@@ -28,14 +34,15 @@ type config struct {
 	work      time.Duration // how long a task takes on average
 }
 
-// minHold is the report's guard.MinHold. It must cover the spread of the instances' ticks —
-// an instance that fires late must still find the window taken — and must end before the
-// next tick, or every instance would find the next window still taken and it would be
-// skipped. So not the whole window, but half of it: that leaves room for both.
+// minHold is the report's hold window (guard.MinHold, through its gocronlock.Locker). It must
+// cover the spread of the instances' ticks — an instance that fires late must still find the
+// window taken — and must end before the next tick, or every instance would find the next
+// window still taken and it would be skipped. So not the whole window, but half of it: the
+// rule of docs/scheduling.md, which leaves room for both.
 func (c config) minHold() time.Duration { return c.window / 2 }
 
 // maxLate is how late an instance fires the report, at most: its clock and its scheduler are
-// not in step with the others'.
+// not in step with the others'. The rule holds while it is less than minHold.
 func (c config) maxLate() time.Duration { return c.window / 5 }
 
 // jobWork is how long one report takes: less than the spread of the ticks, so that without
@@ -60,51 +67,102 @@ var errDone = errors.New("task already done")
 // configured windows and the batch are done or ctx ends, and returns what ran. It logs each
 // run of the job.
 func demo(ctx context.Context, cfg config, newGuard func() *guard.Guard, log *slog.Logger) *record {
-	rec := &record{cfg: cfg, epoch: time.Now(), log: log}
+	// Window 0 starts a moment from now: gocron wants a start in the future.
+	rec := &record{cfg: cfg, epoch: time.Now().Add(100 * time.Millisecond), log: log}
 	done := &doneSet{by: map[int]int{}}
 	var wg sync.WaitGroup
 	for id := 1; id <= cfg.instances; id++ {
 		in := &instance{id: id, cfg: cfg, rec: rec, done: done}
 		g := newGuard()
-		in.report = decorators.MustJob(g, jobName, in.runReport, guard.MinHold(cfg.minHold()))
+		locker, err := gocronlock.NewLocker(g, guard.MinHold(cfg.minHold()))
+		if err != nil {
+			rec.fail(err)
+			continue
+		}
 		in.process = decorators.MustFunc(g, taskTemplate, in.runTask)
-		wg.Go(func() { in.schedule(ctx) })
+		wg.Go(func() { in.schedule(ctx, locker) })
 		wg.Go(func() { in.walk(ctx) })
 	}
 	wg.Wait()
 	return rec
 }
 
-// instance is one instance of the service: a scheduler that fires the report at every tick,
-// and a walker that goes through every task of a batch.
+// instance is one instance of the service: a gocron scheduler that fires the report at every
+// tick, and a walker that goes through every task of a batch.
 type instance struct {
 	id   int
 	cfg  config
 	rec  *record
 	done *doneSet
 
-	report  func(context.Context) error                   // runReport under the job's lock
 	process func(context.Context, task) (struct{}, error) // runTask under the task's lock
 }
 
-// schedule fires the report at the start of every window, a little late, by a different
-// amount each time.
-func (in *instance) schedule(ctx context.Context) {
-	for k := 0; in.cfg.windows == 0 || k < in.cfg.windows; k++ {
-		late := rand.N(in.cfg.maxLate())
-		if pause(ctx, time.Until(in.rec.epoch.Add(time.Duration(k)*in.cfg.window+late))) != nil {
-			return
-		}
-		at := time.Now()
-		err := in.report(ctx)
-		switch {
-		case errors.Is(err, guard.ErrNotAcquired) && ctx.Err() == nil:
-			in.rec.add(event{instance: in.id, kind: busyJob, key: k, start: at})
-		case err != nil && ctx.Err() == nil:
-			in.rec.fail(fmt.Errorf("instance %d, window %d: %w", in.id, k, err))
+// schedule runs the report on a gocron scheduler, at the start of every window, through
+// locker: the instance that takes the window's lock runs it, the others find it taken. The
+// instance's clock is a little late, by its own amount. schedule returns when the scheduler
+// has fired the configured windows, or when ctx ends.
+func (in *instance) schedule(ctx context.Context, locker *gocronlock.Locker) {
+	fired := make(chan struct{}) // closed when the last window has fired
+	var n atomic.Int64
+	tick := func() {
+		if n.Add(1) == int64(in.cfg.windows) {
+			close(fired)
 		}
 	}
+	s, err := gocron.NewScheduler(
+		gocron.WithDistributedLocker(locker),
+		gocron.WithClock(lateClock{Clock: clockwork.NewRealClock(), late: rand.N(in.cfg.maxLate())}))
+	if err != nil {
+		in.rec.fail(fmt.Errorf("instance %d: %w", in.id, err))
+		return
+	}
+	_, err = s.NewJob(gocron.DurationJob(in.cfg.window),
+		gocron.NewTask(locker.Func(in.runReport)), // runReport(ctx) runs under the window's lock
+		gocron.WithName(jobName),                  // the lock's name
+		gocron.WithContext(ctx),
+		gocron.WithStartAt(gocron.WithStartDateTime(in.rec.epoch)), // the instances' ticks line up
+		gocron.WithEventListeners(
+			gocron.AfterJobRuns(func(uuid.UUID, string) { tick() }),
+			gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) {
+				if ctx.Err() == nil {
+					in.rec.fail(fmt.Errorf("instance %d: %w", in.id, err))
+				}
+				tick()
+			}),
+			gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
+				switch at := time.Now(); {
+				case errors.Is(err, guard.ErrNotAcquired):
+					in.rec.add(event{instance: in.id, kind: busyJob, key: in.rec.window(at), start: at})
+				case ctx.Err() == nil:
+					in.rec.fail(fmt.Errorf("instance %d, window %d: %w", in.id, in.rec.window(at), err))
+				}
+				tick()
+			})))
+	if err != nil {
+		in.rec.fail(fmt.Errorf("instance %d: %w", in.id, err))
+		_ = s.Shutdown()
+		return
+	}
+	s.Start()
+	select {
+	case <-fired:
+	case <-ctx.Done():
+	}
+	if err := s.Shutdown(); err != nil {
+		in.rec.fail(fmt.Errorf("instance %d: %w", in.id, err))
+	}
 }
+
+// lateClock is an instance's clock, behind the real one by late: the instance fires every
+// tick that much later than an instance whose clock is right. The instance whose clock is
+// furthest ahead runs every window; the others find it taken.
+type lateClock struct {
+	clockwork.Clock
+	late time.Duration
+}
+
+func (c lateClock) Now() time.Time { return c.Clock.Now().Add(-c.late) }
 
 // runReport is the scheduled job.
 func (in *instance) runReport(ctx context.Context) error {
@@ -120,10 +178,12 @@ func (in *instance) runReport(ctx context.Context) error {
 // start of every window.
 func (in *instance) walk(ctx context.Context) {
 	for b := 0; ; b++ {
-		if b > 0 {
-			if in.cfg.windows > 0 || pause(ctx, time.Until(in.rec.epoch.Add(time.Duration(b)*in.cfg.window))) != nil {
-				return
-			}
+		if b > 0 && in.cfg.windows > 0 {
+			return
+		}
+		// Batch b starts with window b.
+		if pause(ctx, time.Until(in.rec.epoch.Add(time.Duration(b)*in.cfg.window))) != nil {
+			return
 		}
 		for n := range in.cfg.tasks {
 			t := task{ID: b*in.cfg.tasks + n}

@@ -1,9 +1,11 @@
 // Command worker runs several instances of one service, each with its own Guard on one shared
 // lock backend, through guard's two worker patterns:
 //
-//   - a scheduled job that must run once per window across the instances:
-//     decorators.MustJob with guard.MinHold. Every instance fires it at every tick; one of
-//     them runs it, the others find the window taken;
+//   - a scheduled job that must run once per window across the instances: a gocron v2
+//     scheduler in every instance, with a gocronlock.Locker whose hold window is
+//     guard.MinHold(window/2) (docs/scheduling.md). Every instance's scheduler fires it at
+//     every tick, a little late by its own clock; the first runs it, the others find the
+//     window taken;
 //   - a batch of tasks, each locked by its ID: decorators.MustFunc with "task:{ID}". Every
 //     instance walks the whole batch and skips the tasks that are busy (another instance
 //     holds them) or done (a done set, checked under the lock).

@@ -130,7 +130,8 @@ func (r *record) summarize(w io.Writer, backend string) {
 	}
 
 	fmt.Fprintf(w, "%d instances on %s; %d tasks; job every %v\n\n", r.cfg.instances, backend, r.cfg.tasks, r.cfg.window)
-	fmt.Fprintf(w, "job %q, guard.MinHold(%v): every instance fires it at every tick\n", jobName, r.cfg.minHold())
+	fmt.Fprintf(w, "job %q on gocron, gocronlock.Locker with guard.MinHold(%v): every instance fires it at every tick\n",
+		jobName, r.cfg.minHold())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "window\truns\tran by\tfence\tstarted\tfound busy\t")
 	for _, k := range slices.Sorted(maps.Keys(jobs)) {

@@ -1,6 +1,7 @@
-// Package guardtest gives the tests of the packages built on guard (decorators, middleware)
-// their Guards: several Guards on one shared backend, as several service instances share a
-// server, on memstore or on a real redis-server that the test starts.
+// Package guardtest gives the tests of the packages built on guard (decorators, middleware,
+// the scheduler adapters) their Guards: several Guards on one shared backend, as several
+// service instances share a server, on memstore or on real servers that the test starts
+// (Servers lists every backend). TickLog records the runs of a scheduled job by tick.
 package guardtest
 
 import (

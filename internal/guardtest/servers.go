@@ -1,0 +1,76 @@
+package guardtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/memstore"
+	"github.com/guardlock/guard/mongostore"
+	"github.com/guardlock/guard/redisstore"
+)
+
+// Server is a lock backend that tests run on: the server behind it, started for one test,
+// and the clients the test's service instances open to it.
+type Server struct {
+	// Name names the backend in subtest names: "memstore", "redis", "redis-cluster", "mongo".
+	Name string
+	// Start starts what the backend needs for the test (a redis-server, a Cluster, FerretDB;
+	// nothing for memstore), stopped when the test ends. It returns open, which returns a new
+	// Backend on that server with a client of its own — a service instance — closed when the
+	// test that opened it ends.
+	Start func(t *testing.T) (open func(t *testing.T) guard.Backend)
+}
+
+// Servers lists every backend. A test that ranges over it runs on each; a new backend is one
+// more line here.
+func Servers() []Server {
+	return []Server{
+		{"memstore", startMemory},
+		{"redis", startRedis},
+		{"redis-cluster", startCluster},
+		{"mongo", startMongo},
+	}
+}
+
+// startMemory shares one memstore.Store between the instances, as they would share a server.
+func startMemory(*testing.T) func(*testing.T) guard.Backend {
+	store := memstore.New()
+	return func(*testing.T) guard.Backend { return store }
+}
+
+func startRedis(t *testing.T) func(*testing.T) guard.Backend {
+	srv := testserver.StartRedis(t)
+	return func(t *testing.T) guard.Backend {
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = client.Close() })
+		return redisstore.New(client)
+	}
+}
+
+func startCluster(t *testing.T) func(*testing.T) guard.Backend {
+	c := testserver.StartCluster(t)
+	return func(t *testing.T) guard.Backend {
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = client.Close() })
+		return redisstore.New(client)
+	}
+}
+
+func startMongo(t *testing.T) func(*testing.T) guard.Backend {
+	srv := testserver.StartMongo(t)
+	return func(t *testing.T) guard.Backend {
+		client, err := mongo.Connect(options.Client().ApplyURI(srv.URI).SetServerSelectionTimeout(5 * time.Second))
+		if err != nil {
+			t.Fatalf("guardtest: connect to %s: %v", srv.URI, err)
+		}
+		t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+		return mongostore.New(client.Database(srv.Database).Collection("locks"))
+	}
+}
