@@ -5,5 +5,5 @@ package guard
 func HeldLocks(g *Guard) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.held)
+	return g.held.n
 }

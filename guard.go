@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/guardlock/guard/watchdog"
@@ -28,9 +29,11 @@ type Guard struct {
 	life    context.Context
 	endLife context.CancelFunc
 
-	mu     sync.Mutex // protects held and closed
-	held   map[*Lock]struct{}
-	closed bool
+	mu     sync.Mutex // protects held, the heldPrev and heldNext of every Lock, and closed's changes
+	held   heldLocks
+	closed atomic.Bool
+
+	tokens *tokens // the owner tokens of acquisitions
 
 	// bg counts the Guard's background work: event deliveries to the observer and clean-up
 	// releases after ambiguous acquisitions. Close waits for it; from then on, such work runs
@@ -65,7 +68,7 @@ func New(backend Backend, opts ...Option) *Guard {
 		obs:         s.observer,
 		watchdogTTL: s.watchdogTimeout,
 		instance:    s.instance,
-		held:        make(map[*Lock]struct{}),
+		tokens:      newTokens(),
 	}
 	g.waiters = make(map[string]*waitList)
 	g.byToken = make(map[string]*waiter)
@@ -136,14 +139,14 @@ func (g *Guard) Do(ctx context.Context, name string, fn func(context.Context) er
 // is not one. Close is idempotent. An Observer must not call it.
 func (g *Guard) Close(ctx context.Context) error {
 	g.mu.Lock()
-	if g.closed {
+	if g.closed.Load() {
 		g.mu.Unlock()
 		return nil
 	}
-	g.closed = true
+	g.closed.Store(true)
 	g.endLife()
-	locks := make([]*Lock, 0, len(g.held))
-	for l := range g.held {
+	locks := make([]*Lock, 0, g.held.n)
+	for l := g.held.head; l != nil; l = l.heldNext {
 		locks = append(locks, l)
 	}
 	g.mu.Unlock()
@@ -179,7 +182,8 @@ func (g *Guard) Close(ctx context.Context) error {
 }
 
 func (g *Guard) acquire(ctx context.Context, name string, defaultWait time.Duration, opts []LockOption) (*Lock, error) {
-	s, err := resolve(defaultWait, opts)
+	w := &waiter{g: g}
+	err := w.s.resolve(defaultWait, opts)
 	if err == nil {
 		err = CheckName(name)
 	}
@@ -196,12 +200,17 @@ func (g *Guard) acquire(ctx context.Context, name string, defaultWait time.Durat
 		return nil, ErrClosed
 	}
 
-	a := &Acquisition{Name: name, Label: s.label, Backend: g.backendName, MaxWait: s.waitTime, Started: time.Now()}
+	w.start(name)
+	a := &w.a
 	if g.obs != nil {
 		ctx = g.obs.AcquireStart(ctx, a)
 	}
-	l, err := g.wait(ctx, a, &s)
-	a.Waited = time.Since(a.Started)
+	l, err := w.wait(ctx)
+	if l != nil {
+		a.Waited = l.heldAt.Sub(a.Started)
+	} else {
+		a.Waited = time.Since(a.Started)
+	}
 	parent := ctx
 	if g.obs != nil {
 		parent = g.obs.AcquireEnd(ctx, a, l, err)
@@ -219,49 +228,80 @@ func canceled(name string, ctx context.Context) error {
 	return &OpError{Op: "acquire", Name: name, Err: fmt.Errorf("%w: %w", ErrNotAcquired, ctx.Err())}
 }
 
-func (g *Guard) isClosed() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.closed
-}
+func (g *Guard) isClosed() bool { return g.closed.Load() }
 
 // hold starts the life of a lock that the backend granted: its context, its lease in the
 // watchdog, and its place among the Guard's locks.
 func (g *Guard) hold(parent context.Context, l *Lock) error {
-	l.ctx, l.cancel = context.WithCancelCause(context.WithValue(parent, lockKey{}, l))
+	cctx, cancel := context.WithCancelCause(parent)
+	l.lctx = lockContext{Context: cctx, l: l}
+	l.ctx, l.cancel = &l.lctx, cancel
 	l.lease = watchdog.Lease{Name: l.name, Token: l.token, Owner: (*leaseOwner)(l)}
 	if l.renewed {
 		l.lease.TTL = l.ttl
 	}
 	if l.granted < l.ttl {
-		l.lease.Claim = l.ttl // handed over with a short lease: claim the rest at once
+		l.lease.Claim = l.ttl // handed over with a short lease: claim the rest, unless released soon
 	}
 	g.mu.Lock()
-	closed := g.closed
+	closed := g.closed.Load()
 	if !closed {
 		// Under g.mu, so that Close either sees the lock held and watched, or not at all.
-		g.held[l] = struct{}{}
+		g.held.add(l)
 		g.sched.Add(&l.lease, l.start, l.granted)
 	}
 	g.mu.Unlock()
 	if closed {
 		// Close ran while we were acquiring: give the lock back at once.
-		l.released = true
+		l.released.Store(true)
 		_ = g.release(parent, l, ErrClosed)
 		return ErrClosed
 	}
 	return nil
 }
 
+// heldLocks is the locks a Guard holds: an intrusive list, so that taking and giving back a
+// lock costs neither a hash nor an allocation.
+type heldLocks struct {
+	head *Lock
+	n    int
+}
+
+func (h *heldLocks) add(l *Lock) {
+	l.heldPrev, l.heldNext, l.inHeld = nil, h.head, true
+	if h.head != nil {
+		h.head.heldPrev = l
+	}
+	h.head = l
+	h.n++
+}
+
+// remove takes l out, if it is in.
+func (h *heldLocks) remove(l *Lock) {
+	if !l.inHeld {
+		return
+	}
+	if l.heldPrev != nil {
+		l.heldPrev.heldNext = l.heldNext
+	} else {
+		h.head = l.heldNext
+	}
+	if l.heldNext != nil {
+		l.heldNext.heldPrev = l.heldPrev
+	}
+	l.heldPrev, l.heldNext, l.inHeld = nil, nil, false
+	h.n--
+}
+
 // forget drops l from the locks the Guard holds: it was released, or it ended on its own.
 func (g *Guard) forget(l *Lock) {
 	g.mu.Lock()
-	delete(g.held, l)
+	g.held.remove(l)
 	g.mu.Unlock()
 }
 
-// releaseTimeout bounds a release: it ignores the caller's cancellation, so that a release
-// from a handler whose request was cancelled still reaches the backend.
+// releaseTimeout bounds a release whose context was already cancelled: it is sent all the
+// same, so that a handler whose request ended still frees its lock.
 const releaseTimeout = 5 * time.Second
 
 // release gives l back to the backend and ends its context with cause. The caller has marked
@@ -276,12 +316,18 @@ func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
 	if l.minHold > 0 {
 		keep = l.minHold - time.Since(l.heldAt)
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
+	if ctx.Err() != nil {
+		// Already cancelled (a handler whose request ended): release all the same.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+	}
 	g.expectEcho(l.name, l.token)
-	start := time.Now()
-	err := g.backend.Release(rctx, l.name, l.token, keep)
-	took := time.Since(start)
+	var start time.Time
+	if g.obs != nil {
+		start = time.Now()
+	}
+	err := g.backend.Release(ctx, l.name, l.token, keep)
 	switch {
 	case err == nil:
 		// A MinHold release frees nothing, but a local waiter learns when the window ends.
@@ -291,7 +337,10 @@ func (g *Guard) release(ctx context.Context, l *Lock, cause error) error {
 	default:
 		err = &OpError{Op: "release", Name: l.name, Err: err}
 	}
-	g.event(l, LockEvent{Kind: EventReleased, At: start.Add(took), Err: err, Duration: took})
+	if g.obs != nil {
+		took := time.Since(start)
+		g.event(l, LockEvent{Kind: EventReleased, At: start.Add(took), Err: err, Duration: took})
+	}
 	return err
 }
 

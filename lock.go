@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/guardlock/guard/watchdog"
@@ -34,12 +35,16 @@ type Lock struct {
 	prev  *Lock // the lock the acquiring context ran under, if any
 
 	lease  watchdog.Lease // in the Guard's scheduler while held; unused by a reentrant handle
+	lctx   lockContext    // ctx, for a lock that the Guard holds
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	unlink func() bool // for a reentrant handle: stops following outer's context
 
-	mu       sync.Mutex // protects released
-	released bool
+	released atomic.Bool // Release (or Close) took it
+
+	// In the Guard's held locks; guarded by Guard.mu.
+	heldPrev, heldNext *Lock
+	inHeld             bool
 
 	extendMu sync.Mutex // held during Extend: one extension at a time, answered in order
 	events   mailbox    // events for the observer, delivered in order
@@ -47,6 +52,23 @@ type Lock struct {
 
 // lockKey is the context key of the innermost Lock a context runs under.
 type lockKey struct{}
+
+// lockContext is a Lock's context: the cancelable context that the Lock ends, answering
+// FromContext's key itself, so that the Lock needs no context of its own for that. Contexts
+// derived from it find the cancelable one through Value, as the context package looks for
+// it, and are cancelled with it without a goroutine.
+type lockContext struct {
+	context.Context // from context.WithCancelCause
+	l               *Lock
+}
+
+// Value returns the Lock for lockKey, and what the cancelable context has for other keys.
+func (c *lockContext) Value(key any) any {
+	if key == (lockKey{}) {
+		return c.l
+	}
+	return c.Context.Value(key)
+}
 
 // FromContext returns the Lock that ctx runs under: the one whose Context ctx is, or derives
 // from. Decorated functions and handlers use it to read their fence.
@@ -183,21 +205,10 @@ func (l *Lock) Release(ctx context.Context) error {
 	return l.g.release(ctx, l, ErrReleased)
 }
 
-func (l *Lock) isReleased() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.released
-}
+func (l *Lock) isReleased() bool { return l.released.Load() }
 
-func (l *Lock) markReleased() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.released {
-		return false
-	}
-	l.released = true
-	return true
-}
+// markReleased reports whether this call is the one that released l.
+func (l *Lock) markReleased() bool { return l.released.CompareAndSwap(false, true) }
 
 // root returns the lock that holds the name: l itself, or the one a reentrant handle entered.
 func (l *Lock) root() *Lock {

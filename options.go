@@ -158,21 +158,29 @@ func (s *lockSettings) fail(err error) {
 
 // resolve applies opts over the defaults: wait until ctx is done unless WaitTime says otherwise.
 func resolve(defaultWait time.Duration, opts []LockOption) (lockSettings, error) {
-	s := lockSettings{waitTime: defaultWait}
+	var s lockSettings
+	err := s.resolve(defaultWait, opts)
+	return s, err
+}
+
+// resolve sets s from the defaults and opts. It is a method, so that a caller whose settings
+// live in a struct on the heap already (an acquisition's) does not pay for another.
+func (s *lockSettings) resolve(defaultWait time.Duration, opts []LockOption) error {
+	*s = lockSettings{waitTime: defaultWait}
 	for _, o := range opts {
 		if o == nil {
 			continue
 		}
-		o.applyLock(&s)
+		o.applyLock(s)
 	}
 	if s.err != nil {
-		return s, s.err
+		return s.err
 	}
 	if s.leaseTime > 0 && s.minHold > s.leaseTime {
-		return s, &OptionError{Option: "MinHold", Value: s.minHold,
+		return &OptionError{Option: "MinHold", Value: s.minHold,
 			Reason: fmt.Sprintf("longer than LeaseTime(%v)", s.leaseTime)}
 	}
-	return s, nil
+	return nil
 }
 
 // CheckLockOptions reports the first invalid option in opts, as Acquire would. Decorators and

@@ -2,12 +2,12 @@ package guard
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/guardlock/guard/watchdog"
@@ -57,6 +57,7 @@ var errLateGrant = errors.New("the backend's answer came after the lease it gran
 type waiting struct {
 	wmu     sync.Mutex // protects waiters, byToken, seq, the n, queue, echo, fair and gone fields of each list, and each waiter's handed and fence; never held while calling out
 	waiters map[string]*waitList
+	lists   atomic.Int32       // len(waiters), read without wmu: a release with nobody waiting here takes no lock
 	byToken map[string]*waiter // the registered waiters, by token: hand-overs name them
 	seq     uint64             // arrival order of waiters
 
@@ -85,11 +86,12 @@ type waitList struct {
 	gone chan struct{} // non-nil once the last waiter left; closed when Unwatch was sent
 }
 
-// waiter is one acquisition that may have to wait.
+// waiter is one acquisition that may have to wait. One allocation holds all of its state,
+// the Acquisition the observer sees included.
 type waiter struct {
 	g       *Guard
-	a       *Acquisition
-	s       *lockSettings
+	a       Acquisition
+	s       lockSettings
 	ttl     time.Duration
 	renewed bool      // no LeaseTime: the watchdog holds the lock
 	token   string    // the same for every attempt, so that a retried request finds its own lock
@@ -110,15 +112,22 @@ type waiter struct {
 	fence  uint64
 }
 
-// wait runs the attempts of one acquisition and sets a.Outcome.
-func (g *Guard) wait(ctx context.Context, a *Acquisition, s *lockSettings) (*Lock, error) {
-	w := &waiter{g: g, a: a, s: s, ttl: s.leaseTime, token: rand.Text(), backoff: firstBackoff, recheck: true}
+// start readies w, whose settings are resolved, to acquire name from now.
+func (w *waiter) start(name string) {
+	g, s := w.g, &w.s
+	w.ttl, w.token, w.backoff, w.recheck = s.leaseTime, g.tokens.next(), firstBackoff, true
+	w.a = Acquisition{Name: name, Label: s.label, Backend: g.backendName, MaxWait: s.waitTime, Started: time.Now()}
 	if w.ttl == 0 {
 		w.ttl, w.renewed = g.watchdogTTL, true
 	}
 	if s.waitTime > 0 {
-		w.giveUp = a.Started.Add(s.waitTime)
+		w.giveUp = w.a.Started.Add(s.waitTime)
 	}
+}
+
+// wait runs the attempts of the acquisition and sets a.Outcome.
+func (w *waiter) wait(ctx context.Context) (*Lock, error) {
+	g, a, s := w.g, &w.a, &w.s
 	if s.waitTime != 0 {
 		g.join(w)
 	}
@@ -166,7 +175,11 @@ func (w *waiter) attempt(ctx context.Context) (*Lock, *BusyError, error) {
 		// Queue before the attempt, so that a release while it is out still wakes us.
 		g.enqueue(w)
 	}
-	w.sent = time.Now()
+	if w.a.Attempts == 0 {
+		w.sent = w.a.Started // read just before: one clock reading less on the common path
+	} else {
+		w.sent = time.Now()
+	}
 	w.a.Attempts++
 	fence, err := g.backend.Acquire(ctx, Request{
 		Name: name, Token: w.token, TTL: w.ttl, Instance: g.instance, Label: w.s.label,
@@ -181,7 +194,7 @@ func (w *waiter) attempt(ctx context.Context) (*Lock, *BusyError, error) {
 		// The grant came so late that its lease could have ended: someone else may hold the
 		// name by now. Give it back, and try again under a new token.
 		g.cleanup(name, w.token)
-		g.retoken(w, rand.Text())
+		g.retoken(w, g.tokens.next())
 		if w.s.waitTime == 0 {
 			w.a.Outcome = OutcomeError
 			return nil, nil, &OpError{Op: "acquire", Name: name, Err: errLateGrant}
@@ -223,8 +236,9 @@ func (w *waiter) lock(ctx context.Context, fence uint64, start, heldAt time.Time
 // take turns a hand-over into the Lock, or reports that there is none after all. The backend
 // set the lease when it handed the name over, after our last request was sent: counting from
 // that request is safe, and good enough while it is recent. The lease is our TTL or our place
-// in the queue, whichever is shorter; the watchdog claims the rest at once. After a long wait
-// it claims a full lease first, one round trip.
+// in the queue, whichever is shorter; the watchdog claims the rest when a third of it has
+// passed, unless the lock is released sooner. After a long wait it claims a full lease first,
+// one round trip.
 func (w *waiter) take(ctx context.Context, fence uint64) (*Lock, error) {
 	now := time.Now()
 	granted := w.ttl
@@ -393,6 +407,7 @@ func (g *Guard) register(ctx context.Context, w *waiter) error {
 		if first {
 			wl = &waitList{ready: make(chan struct{})}
 			g.waiters[name] = wl
+			g.lists.Add(1)
 		}
 		wl.n++
 		g.seq++
@@ -424,6 +439,9 @@ func (g *Guard) register(ctx context.Context, w *waiter) error {
 // subscription watches already: notices and hand-overs for it will come, so it needs no
 // second attempt after registering. It does nothing when nobody waits for the name here.
 func (g *Guard) join(w *waiter) {
+	if g.lists.Load() == 0 {
+		return
+	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	wl := g.waiters[w.a.Name]
@@ -525,6 +543,7 @@ func (g *Guard) unregister(w *waiter) {
 	}
 	g.wmu.Lock()
 	delete(g.waiters, name)
+	g.lists.Add(-1)
 	g.wmu.Unlock()
 	close(wl.gone)
 }
@@ -613,6 +632,9 @@ func (g *Guard) notice(n Notice) {
 // of that release is to be skipped, because the Guard wakes one of its own waiters itself
 // (wake, once the release succeeded) — and a notice can arrive before the release returns.
 func (g *Guard) expectEcho(name, token string) {
+	if g.lists.Load() == 0 {
+		return
+	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	wl := g.waiters[name]
@@ -640,6 +662,9 @@ func (g *Guard) wake(name string) {
 // wakeAfterRelease wakes a waiter of this Guard after this Guard released name — unless the
 // backend queues waiters: it handed the name over itself, to whoever came first.
 func (g *Guard) wakeAfterRelease(name string) {
+	if g.lists.Load() == 0 {
+		return
+	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	if wl := g.waiters[name]; wl != nil && !wl.fair {

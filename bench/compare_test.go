@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 type lib struct {
 	name string
 	// open returns a locker on client; each instance of a service would have its own.
-	open func(b *testing.B, client *redis.Client) locker
+	open func(tb testing.TB, client *redis.Client) locker
 }
 
 type locker func(ctx context.Context, name string, wait bool) (unlock func() error, err error)
@@ -51,22 +52,22 @@ type locker func(ctx context.Context, name string, wait bool) (unlock func() err
 const ttl = 30 * time.Second
 
 var libs = []lib{
-	{"guard", func(b *testing.B, client *redis.Client) locker {
+	{"guard", func(tb testing.TB, client *redis.Client) locker {
 		g := guard.New(redisstore.New(client), guard.WithWatchdogTimeout(ttl))
-		b.Cleanup(func() { _ = g.Close(context.Background()) })
+		tb.Cleanup(func() { _ = g.Close(context.Background()) })
 		return func(ctx context.Context, name string, wait bool) (func() error, error) {
-			var opts []guard.LockOption
-			if !wait {
-				opts = append(opts, guard.WaitTime(0))
+			acquire := g.TryAcquire
+			if wait {
+				acquire = g.Acquire
 			}
-			l, err := g.Acquire(ctx, name, opts...)
+			l, err := acquire(ctx, name)
 			if err != nil {
 				return nil, err
 			}
 			return func() error { return l.Release(ctx) }, nil
 		}
 	}},
-	{"redislock", func(b *testing.B, client *redis.Client) locker {
+	{"redislock", func(tb testing.TB, client *redis.Client) locker {
 		c := redislock.New(client)
 		// redislock waits by polling; 1 ms is its most eager sensible setting.
 		poll := &redislock.Options{RetryStrategy: redislock.LinearBackoff(time.Millisecond)}
@@ -82,7 +83,7 @@ var libs = []lib{
 			return func() error { return l.Release(ctx) }, nil
 		}
 	}},
-	{"redsync", func(b *testing.B, client *redis.Client) locker {
+	{"redsync", func(tb testing.TB, client *redis.Client) locker {
 		rs := redsync.New(goredis.NewPool(client))
 		return func(ctx context.Context, name string, wait bool) (func() error, error) {
 			opts := []redsync.Option{redsync.WithExpiry(ttl), redsync.WithTries(1)}
@@ -107,11 +108,11 @@ var libs = []lib{
 }
 
 // newClient returns a client on srv with a round-trip counter.
-func newClient(b *testing.B, addr string) (*redis.Client, *counter) {
+func newClient(tb testing.TB, addr string) (*redis.Client, *counter) {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	cnt := &counter{}
 	c.AddHook(cnt)
-	b.Cleanup(func() { _ = c.Close() })
+	tb.Cleanup(func() { _ = c.Close() })
 	return c, cnt
 }
 
@@ -139,6 +140,51 @@ func BenchmarkUncontended(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(cnt.n.Load()-before)/float64(b.N), "roundtrips/op")
 		})
+	}
+}
+
+// BenchmarkUncontendedInterleaved runs the uncontended take-and-release of every library in
+// turns of 50 operations, b.N of each in all, and reports each one's median time per operation
+// and its ratio to redislock's: on a noisy machine, turns keep slow stretches from landing on
+// one library only.
+func BenchmarkUncontendedInterleaved(b *testing.B) {
+	srv := testserver.StartRedis(b)
+	const turn = 50
+	ctx := context.Background()
+	locks := make([]locker, len(libs))
+	for i, l := range libs {
+		client, _ := newClient(b, srv.Addr)
+		locks[i] = l.open(b, client)
+	}
+	times := make([][]time.Duration, len(libs))
+	b.ResetTimer()
+	for done := 0; done < b.N; done += turn {
+		for i, lock := range locks {
+			name := "bench:interleaved:" + libs[i].name
+			start := time.Now()
+			for range turn {
+				unlock, err := lock(ctx, name, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := unlock(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			times[i] = append(times[i], time.Since(start)/turn)
+		}
+	}
+	b.StopTimer()
+	median := func(d []time.Duration) time.Duration {
+		d = slices.Clone(d)
+		slices.Sort(d)
+		return d[len(d)/2]
+	}
+	base := median(times[slices.IndexFunc(libs, func(l lib) bool { return l.name == "redislock" })])
+	for i, l := range libs {
+		m := median(times[i])
+		b.ReportMetric(float64(m.Microseconds()), l.name+"-µs/op")
+		b.ReportMetric(float64(m)/float64(base), l.name+"/redislock")
 	}
 }
 

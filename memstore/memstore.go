@@ -43,7 +43,7 @@ type Store struct {
 	now func() time.Time
 
 	mu     sync.Mutex // protects locks, queues, fence, ops and subs
-	locks  map[string]*entry
+	locks  map[string]entry
 	queues map[string][]waiter // by name, in arrival order
 	fence  uint64              // the last fence given, for any name
 	ops    int                 // acquisitions since the last sweep
@@ -71,19 +71,19 @@ type waiter struct {
 func New() *Store {
 	return &Store{
 		now:    time.Now,
-		locks:  make(map[string]*entry),
+		locks:  make(map[string]entry),
 		queues: make(map[string][]waiter),
 		subs:   make(map[*subscription]struct{}),
 	}
 }
 
 // held returns the live entry of name, forgetting it when its lease ran out. s.mu must be
-// held.
-func (s *Store) held(name string, now time.Time) (*entry, bool) {
+// held; a change to the entry is kept with s.locks[name] = e.
+func (s *Store) held(name string, now time.Time) (entry, bool) {
 	e, ok := s.locks[name]
 	if ok && !now.Before(e.expires) {
 		delete(s.locks, name)
-		return nil, false
+		return entry{}, false
 	}
 	return e, ok
 }
@@ -105,6 +105,7 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	e, held := s.held(r.Name, now)
 	if held && e.token == r.Token {
 		e.expires = now.Add(r.TTL)
+		s.locks[r.Name] = e
 		return e.fence, nil
 	}
 	if !held {
@@ -127,7 +128,7 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 // grant gives name to token and returns its fence. s.mu must be held.
 func (s *Store) grant(name, token, instance, label string, ttl time.Duration, now time.Time) uint64 {
 	s.fence++
-	s.locks[name] = &entry{
+	s.locks[name] = entry{
 		token: token, fence: s.fence, instance: instance, label: label,
 		acquired: now, expires: now.Add(ttl),
 	}
@@ -229,6 +230,7 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 			continue
 		}
 		e.expires = now.Add(l.TTL)
+		s.locks[l.Name] = e
 	}
 	return errs
 }
@@ -255,6 +257,7 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 	if keep > 0 {
 		e.token = ""
 		e.expires = now.Add(keep)
+		s.locks[name] = e
 		s.notifyLocked(guard.Notice{Name: name, Token: token}) // waiters learn when the window ends
 		return nil
 	}
@@ -295,7 +298,7 @@ func (s *Store) Inspect(ctx context.Context, name string) (guard.LockInfo, error
 	return info, nil
 }
 
-func info(name string, e *entry, now time.Time) guard.LockInfo {
+func info(name string, e entry, now time.Time) guard.LockInfo {
 	return guard.LockInfo{
 		Name: name, Held: true, Kept: e.token == "", Fence: e.fence,
 		Instance: e.instance, Label: e.label, AcquiredAt: e.acquired, Remaining: e.expires.Sub(now),

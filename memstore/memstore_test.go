@@ -28,7 +28,7 @@ func TestConformance(t *testing.T) {
 		},
 		Overwrite: func(_ testing.TB, name string) {
 			s.mu.Lock()
-			s.locks[name] = &entry{token: "intruder", expires: time.Now().Add(time.Hour)}
+			s.locks[name] = entry{token: "intruder", expires: time.Now().Add(time.Hour)}
 			s.mu.Unlock()
 		},
 		Wipe: func(testing.TB) {

@@ -6,7 +6,7 @@
 -- ARGV[5]  how long the fence key outlives the lease, in milliseconds
 -- ARGV[6]  how long the token keeps a place in the queue, in milliseconds; 0: do not queue
 --
--- Returns {1, fence} when the lock is now held by ARGV[1]: it was free and no live waiter came
+-- Returns {1, fence} (see fence_reply) when the lock is now held by ARGV[1]: it was free and no live waiter came
 -- before ARGV[1]; or ARGV[1] held it already — a retry of a request whose reply was lost, or a
 -- waiter the lock was handed to — whose lease is set again and whose fence is returned as is.
 -- Returns {0, pttl, place} otherwise: pttl is what is left of the holder's lease (or MinHold
@@ -15,19 +15,28 @@
 local owner = redis.call('HGET', KEYS[1], 'token')
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('HGET', KEYS[1], 'fence')}
+  return {1, fence_reply(redis.call('HGET', KEYS[1], 'fence'))}
 end
-local now = now_us()
-local now_ms = math.floor(now / 1000)
+local now
+local function clock()
+  now = now_us()
+  return math.floor(now / 1000)
+end
 if not owner then
-  local head = first_waiter(now_ms)
+  local head = first_waiter(clock)
   if not head or head == ARGV[1] then
-    dequeue(ARGV[1])
-    return {1, grant(ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), now)}
+    if head then
+      dequeue(head)
+    end
+    if not now then
+      clock()
+    end
+    return {1, fence_reply(grant(ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), now))}
   end
 end
 local place = tonumber(ARGV[6])
 if place > 0 then
+  local now_ms = now and math.floor(now / 1000) or clock()
   redis.call('ZADD', KEYS[3], 'NX', now, ARGV[1])
   redis.call('HSET', KEYS[4], ARGV[1],
     cjson.encode({e = now_ms + place, p = place, t = tonumber(ARGV[2]), i = ARGV[3], l = ARGV[4]}))

@@ -75,7 +75,8 @@ func TestLostAcquireReply(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
 		_, err := g.TryAcquire(ctx, name)
-		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Error(t, err) // the context's deadline, or go-redis's read timeout set from it
+		require.NotErrorIs(t, err, guard.ErrNotAcquired)
 		l, err := other.Acquire(t.Context(), name, guard.WaitTime(5*time.Second))
 		require.NoError(t, err, "the lock the timed-out acquire took stayed taken for its 30 s lease")
 		require.NoError(t, l.Release(t.Context()))

@@ -52,8 +52,28 @@ func (s *Store) Subscribe(notify func(guard.Notice)) (guard.Subscription, error)
 		barriers: make(map[string]chan struct{}),
 		reset:    make(chan struct{}),
 	}
+	s.subsMu.Lock()
+	s.subs[sub] = struct{}{}
+	s.subsMu.Unlock()
 	go sub.read()
 	return sub, nil
+}
+
+// handedOver tells the Store's own subscriptions that watch n.Name of a hand-over by one of
+// its releases, without waiting for the pub/sub message, which follows; a Guard takes the
+// second notice of one hand-over for nothing.
+func (s *Store) handedOver(n guard.Notice) {
+	s.subsMu.Lock()
+	var notify []func(guard.Notice)
+	for sub := range s.subs {
+		if sub.watches(n.Name) {
+			notify = append(notify, sub.released)
+		}
+	}
+	s.subsMu.Unlock()
+	for _, f := range notify {
+		f(n)
+	}
 }
 
 // subscription is the guard.Subscription of a Store.
@@ -107,6 +127,13 @@ func (s *subscription) Watch(ctx context.Context, name string) error {
 	return err
 }
 
+// watches reports whether name is watched.
+func (s *subscription) watches(name string) bool {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	return s.refs[s.store.channel(name)] > 0
+}
+
 // Unwatch undoes one Watch of name; the channel is unsubscribed when no Watch of it is left.
 func (s *subscription) Unwatch(name string) { s.unsubscribe(s.store.channel(name)) }
 
@@ -115,6 +142,9 @@ func (s *subscription) Unwatch(name string) { s.unsubscribe(s.store.channel(name
 // returns the first call's result.
 func (s *subscription) Close() error {
 	s.closeOnce.Do(func() {
+		s.store.subsMu.Lock()
+		delete(s.store.subs, s)
+		s.store.subsMu.Unlock()
 		close(s.stop)
 		if err := s.ps.Close(); err != nil {
 			s.closeErr = err

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,6 +23,30 @@ const DefaultPrefix = "guard:"
 // fenceRetention is how long a fence key outlives the lease that last set it: fences count
 // up in it while a name is in use, and fall back on the server's clock once it is gone.
 const fenceRetention = time.Minute
+
+// boxed is a script argument kept boxed with the value it was boxed from.
+type boxed struct {
+	from any // a string or an int64
+	arg  any
+}
+
+// box returns v as a script argument, boxed once while it stays the same as at p.
+func box[T comparable](p *atomic.Pointer[boxed], v T) any {
+	if b := p.Load(); b != nil {
+		if last, ok := b.from.(T); ok && last == v {
+			return b.arg
+		}
+	}
+	var arg any = v
+	p.Store(&boxed{from: arg, arg: arg})
+	return arg
+}
+
+// Script arguments that never change, boxed once.
+var (
+	retentionArg any = millis(fenceRetention)
+	zeroArg      any = int64(0)
+)
 
 // Sentinel errors. The errors of a Store wrap them, or return the driver's error.
 var (
@@ -76,11 +101,22 @@ type Store struct {
 	acks          int           // replicas that must acknowledge a write; 0: none
 	ackTimeout    time.Duration // how long WAIT waits for them
 	queueTimeout  time.Duration // how long a waiter keeps its place after its last request
+	placeArg      any           // queueTimeout in milliseconds, boxed once for acquire.lua
+
+	// The last instance, label and lease of an acquisition, boxed as script arguments: a
+	// Guard sends the same ones again and again, and boxing each anew would cost three
+	// allocations on the path of every lock.
+	instanceArg, labelArg, ttlArg atomic.Pointer[boxed]
 
 	// checked is closed once the server's eviction policy has been found safe (or the
 	// check is off); checkMu serializes the checks until then.
 	checkMu sync.Mutex
 	checked chan struct{}
+
+	// subs are the Store's open subscriptions: a hand-over by a release of this Store reaches
+	// them at once, without waiting for its pub/sub message.
+	subsMu sync.Mutex // protects subs
+	subs   map[*subscription]struct{}
 
 	// Health checks of a Subscription's connection: idleCheck and pongTimeout in notify.go,
 	// fields so that tests can shorten them.
@@ -171,9 +207,10 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{
 		client: client, prefix: o.prefix,
 		allowEviction: o.allowEviction, acks: o.acks, ackTimeout: o.ackTimeout,
-		queueTimeout: o.queueTimeout,
-		checked:      make(chan struct{}),
-		idleCheck:    idleCheck, pongTimeout: pongTimeout,
+		queueTimeout: o.queueTimeout, placeArg: millis(o.queueTimeout),
+		checked:   make(chan struct{}),
+		subs:      make(map[*subscription]struct{}),
+		idleCheck: idleCheck, pongTimeout: pongTimeout,
 	}
 	s.cluster, _ = client.(*redis.ClusterClient)
 	if s.allowEviction {
@@ -209,11 +246,34 @@ func (s *Store) lockKey(name string) string {
 	return s.prefix + "{" + name + "}"
 }
 
-// keys returns the keys of name, in the order the scripts take them (lock.lua): the lock,
-// its fence, its queue and its waiters.
+// keys returns the keys of name, in the order the scripts take them (lock.lua) — the lock,
+// its fence, its queue and its waiters — and, fifth, its release channel. They share one
+// string: two allocations in all, on the path of every lock.
 func (s *Store) keys(name string) []string {
-	k := s.lockKey(name)
-	return []string{k, k + fenceSuffix, k + queueSuffix, k + waitersSuffix}
+	open := "{"
+	if strings.HasPrefix(name, "}") {
+		open = "{\x00" // see lockKey
+	}
+	n := len(s.prefix) + len(open) + len(name) + 1 // the lock key
+	suffixes := [...]string{"", fenceSuffix, queueSuffix, waitersSuffix, channelSuffix}
+	var b strings.Builder
+	b.Grow(5*n + len(fenceSuffix) + len(queueSuffix) + len(waitersSuffix) + len(channelSuffix))
+	var ends [5]int
+	for i, suffix := range suffixes {
+		b.WriteString(s.prefix)
+		b.WriteString(open)
+		b.WriteString(name)
+		b.WriteByte('}')
+		b.WriteString(suffix)
+		ends[i] = b.Len()
+	}
+	all := b.String()
+	keys := make([]string, 5)
+	from := 0
+	for i, end := range ends {
+		keys[i], from = all[from:end], end
+	}
+	return keys
 }
 
 // channel returns the channel that a release of name is published on.
@@ -259,22 +319,21 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if err := s.checkEviction(ctx); err != nil {
 		return 0, err
 	}
-	var place time.Duration
+	place := zeroArg
 	if r.Wait {
-		place = s.queueTimeout
+		place = s.placeArg
 	}
-	reply, err := s.run(ctx, acquireScript, r.Name, s.keys(r.Name),
-		r.Token, millis(r.TTL), r.Instance, r.Label, millis(fenceRetention), millis(place))
+	reply, err := s.run(ctx, acquireScript, r.Name, s.keys(r.Name)[:4],
+		r.Token, box(&s.ttlArg, millis(r.TTL)), box(&s.instanceArg, r.Instance), box(&s.labelArg, r.Label),
+		retentionArg, place)
 	if err != nil {
 		return 0, err
 	}
 	vals, _ := reply.([]any)
 	switch {
 	case len(vals) == 2 && vals[0] == int64(1):
-		if v, ok := vals[1].(string); ok {
-			if fence, err := strconv.ParseUint(v, 10, 64); err == nil {
-				return fence, nil
-			}
+		if fence, ok := fenceOf(vals[1]); ok {
+			return fence, nil
 		}
 	case len(vals) == 3 && vals[0] == int64(0):
 		pttl, ok1 := vals[1].(int64)
@@ -357,9 +416,9 @@ func (s *Store) pipeline(ctx context.Context, c redis.Cmdable, leases []guard.Le
 				}
 				keys := s.keys(l.Name)[:2]
 				if useSHA {
-					cmds[i] = extendScript.EvalSha(ctx, pipe, keys, l.Token, millis(l.TTL), millis(fenceRetention))
+					cmds[i] = extendScript.EvalSha(ctx, pipe, keys, l.Token, millis(l.TTL), retentionArg)
 				} else {
-					cmds[i] = extendScript.Eval(ctx, pipe, keys, l.Token, millis(l.TTL), millis(fenceRetention))
+					cmds[i] = extendScript.Eval(ctx, pipe, keys, l.Token, millis(l.TTL), retentionArg)
 				}
 			}
 			if wait {
@@ -408,6 +467,18 @@ func extendResult(l guard.Lease, c *redis.Cmd) error {
 	return fmt.Errorf("%w %v", ErrUnexpectedReply, c.Val())
 }
 
+// fenceOf reads a fence from a script's reply: an integer, or a string beyond 2^53.
+func fenceOf(v any) (uint64, bool) {
+	switch v := v.(type) {
+	case int64:
+		return uint64(v), v > 0
+	case string:
+		f, err := strconv.ParseUint(v, 10, 64)
+		return f, err == nil
+	}
+	return 0, false
+}
+
 // isNoScript reports whether err is a server's answer that it does not have the script.
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
@@ -427,20 +498,37 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 func (s *Store) release(ctx context.Context, name, token string, keep time.Duration) error {
 	var n any
 	var err error
-	args := []any{token, millis(max(keep, 0)), s.channel(name), millis(fenceRetention)}
+	keys := s.keys(name)
+	keepArg := zeroArg
+	if keep > 0 {
+		keepArg = millis(keep)
+	}
+	args := []any{token, keepArg, keys[4], retentionArg}
 	if keep > 0 && s.acks > 0 {
-		n, err = s.runAcked(ctx, releaseScript, name, s.keys(name), args...)
+		n, err = s.runAcked(ctx, releaseScript, name, keys[:4], args...)
 	} else {
-		n, err = s.run(ctx, releaseScript, name, s.keys(name), args...)
+		n, err = s.run(ctx, releaseScript, name, keys[:4], args...)
 	}
 	if err != nil {
 		return err
 	}
-	switch n {
-	case int64(1):
-		return nil
-	case int64(0):
-		return guard.ErrNotHeld
+	switch n := n.(type) {
+	case int64:
+		switch n {
+		case 1:
+			return nil
+		case 0:
+			return guard.ErrNotHeld
+		}
+	case []any:
+		if len(n) == 3 {
+			next, ok1 := n[1].(string)
+			fence, ok2 := fenceOf(n[2])
+			if ok1 && ok2 {
+				s.handedOver(guard.Notice{Name: name, Token: token, Next: next, Fence: fence})
+				return nil
+			}
+		}
 	}
 	return fmt.Errorf("%w %v", ErrUnexpectedReply, n)
 }

@@ -7,8 +7,10 @@
 --
 -- Returns 1 after either keeping the name taken for keep under the token "" — which no owner
 -- has, so a renewal of ARGV[1] still on the wire cannot shorten the window — and telling the
--- waiters, who learn when the window ends; or freeing it and handing it to the first live
--- waiter (see hand_over). The fence key is not touched: fences keep increasing.
+-- waiters, who learn when the window ends; or freeing it. Returns {1, next, fence} after
+-- freeing it and handing it to the first live waiter (see hand_over), so that the releasing
+-- client can tell a waiter of its own at once. The fence key is not touched: fences keep
+-- increasing.
 -- Returns 0 when ARGV[1] does not hold the lock (nothing is changed then), after taking
 -- ARGV[1] out of the queue if it waits there: a waiter that gave up. If the name is free, the
 -- next waiter gets it at once.
@@ -33,5 +35,8 @@ if tonumber(ARGV[2]) > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-hand_over(ARGV[3], ARGV[1], retention)
+local next, fence = hand_over(ARGV[3], ARGV[1], retention)
+if next then
+  return {1, next, fence}
+end
 return 1

@@ -205,3 +205,38 @@ func TestShortSuspensionRenewsAtOnce(t *testing.T) {
 		assert.True(t, s.Deadline(l).After(before.Add(-5*time.Second)), "the renewal moved the deadline on")
 	})
 }
+
+// TestClaim: a lock handed over with a short lease claims its own, full lease when a third of
+// the short one has passed — once: a LeaseTime lock is only watched after that — and not at
+// all when it is removed (released) before then.
+func TestClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const granted, lease = time.Second, 10 * time.Second
+		b := newStuck(func(string, int) bool { return false })
+		s := New(b.renew, nil)
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		claimed := e.lease("claimed", 0)
+		claimed.Claim = lease
+		s.Add(claimed, start, granted)
+		released := e.lease("released", 0)
+		released.Claim = lease
+		s.Add(released, start, granted)
+
+		time.Sleep(granted / 4)
+		s.Remove(released)
+		time.Sleep(granted)
+		calls := b.snapshot()
+		require.Len(t, calls, 1, "one claim, for the lock still held")
+		assert.Equal(t, []string{"claimed"}, calls[0].names)
+		assert.Equal(t, granted/3, calls[0].at.Sub(start))
+		assert.Equal(t, Deadline(calls[0].at, lease), s.Deadline(claimed), "the claimed lease counts from the claim")
+
+		time.Sleep(2 * lease)
+		assert.Len(t, b.snapshot(), 1, "a LeaseTime lock was renewed after its claim")
+		ended := e.all()
+		require.Len(t, ended, 1)
+		assert.Equal(t, Expired, ended[0].reason)
+	})
+}

@@ -96,9 +96,9 @@ type Lease struct {
 	// TTL is the lease that each renewal sets. Zero means the lease is not renewed, only
 	// watched until its deadline.
 	TTL time.Duration
-	// Claim, when set, is a lease to set once, at once, before TTL takes over: for a lock
-	// granted with a shorter lease than its own, which claims the rest. The RenewFunc
-	// extends each lease to its RenewTTL.
+	// Claim, when set, is a lease to set once, before TTL takes over: for a lock granted with
+	// a shorter lease than its own, which claims the rest when a third of the granted lease
+	// has passed, as a renewal would. The RenewFunc extends each lease to its RenewTTL.
 	Claim time.Duration
 	// Owner hears about renewals, failures and the end of the lease; nil hears nothing.
 	Owner Owner
@@ -110,6 +110,38 @@ type Lease struct {
 	sentAt   time.Time // when the latest of them was sent
 	lastErr  error
 	removed  bool // no longer in the scheduler
+
+	lprev, lnext *Lease // in the scheduler's list
+}
+
+// leaseList is the leases of a scheduler: an intrusive list, so that adding and removing one
+// costs neither a hash nor an allocation.
+type leaseList struct {
+	head *Lease
+	n    int
+}
+
+func (ls *leaseList) add(l *Lease) {
+	l.lprev, l.lnext = nil, ls.head
+	if ls.head != nil {
+		ls.head.lprev = l
+	}
+	ls.head = l
+	ls.n++
+}
+
+// remove takes l out; it must be in the list.
+func (ls *leaseList) remove(l *Lease) {
+	if l.lprev != nil {
+		l.lprev.lnext = l.lnext
+	} else {
+		ls.head = l.lnext
+	}
+	if l.lnext != nil {
+		l.lnext.lprev = l.lprev
+	}
+	l.lprev, l.lnext = nil, nil
+	ls.n--
 }
 
 // Limits of concurrent renewal requests.
@@ -139,7 +171,7 @@ type Scheduler struct {
 	partition func(name string) string
 
 	mu      sync.Mutex // protects leases, the fields of every Lease in it, batches, wakeAt and the clock fields
-	leases  map[*Lease]struct{}
+	leases  leaseList
 	batches int       // renewal batches out
 	wakeAt  time.Time // when timer fires; zero when it is stopped
 	// The clocks at the loop's last look, to notice a suspended host, and the total time it
@@ -174,7 +206,6 @@ func New(renew RenewFunc, partition func(name string) string) *Scheduler {
 	s := &Scheduler{
 		renew:      renew,
 		partition:  partition,
-		leases:     make(map[*Lease]struct{}),
 		wallOffset: func() time.Duration { return 0 },
 		timer:      time.NewTimer(time.Hour),
 		results:    make(chan batchResult, maxBatches),
@@ -193,11 +224,11 @@ func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 	l.removed, l.inFlight, l.lastErr = false, 0, nil
 	switch {
 	case l.Claim > 0:
-		l.next = time.Now()
+		l.next = start.Add(ttl / 3) // as a renewal of the lease it was granted: a lock released soon needs no claim
 	case l.TTL > 0:
 		l.next = start.Add(l.TTL / 3)
 	}
-	s.leases[l] = struct{}{}
+	s.leases.add(l)
 	if (l.TTL > 0 || l.Claim > 0) && l.next.Before(l.deadline) {
 		s.arm(l.next)
 	} else {
@@ -212,7 +243,7 @@ func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 func (s *Scheduler) SetDeadline(l *Lease, start time.Time, ttl time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.leases[l]; !ok {
+	if l.removed {
 		return false
 	}
 	l.deadline = Deadline(start, ttl)
@@ -231,8 +262,10 @@ func (s *Scheduler) Deadline(l *Lease) time.Time {
 // arrive (see Owner).
 func (s *Scheduler) Remove(l *Lease) {
 	s.mu.Lock()
-	l.removed = true
-	delete(s.leases, l)
+	if !l.removed {
+		l.removed = true
+		s.leases.remove(l)
+	}
 	s.mu.Unlock()
 }
 
@@ -240,7 +273,7 @@ func (s *Scheduler) Remove(l *Lease) {
 func (s *Scheduler) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.leases)
+	return s.leases.n
 }
 
 // Close stops the scheduler and waits for its goroutines, including renewals in flight. The
@@ -290,7 +323,8 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	var cbs []callback
 	if away := s.away(now); away > 0 {
 		s.awaySum += away
-		for l := range s.leases {
+		for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
+			after = l.lnext // l may leave the list
 			l.deadline = l.deadline.Add(-away)
 			if !now.Before(l.deadline) {
 				l.lastErr = fmt.Errorf("%w for %v", ErrSuspended, away.Round(time.Millisecond))
@@ -311,7 +345,8 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	}
 	due := false
 	minTTL := time.Duration(0)
-	for l := range s.leases {
+	for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
+		after = l.lnext // l may leave the list
 		if !now.Before(l.deadline) {
 			cbs = append(cbs, s.end(l, Expired))
 			continue
@@ -331,7 +366,8 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	if due && s.batches < maxBatches {
 		s.send(ctx, inflight, now)
 	}
-	for l := range s.leases {
+	for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
+		after = l.lnext // l may leave the list
 		if l.TTL == 0 && l.Claim == 0 {
 			continue
 		}
@@ -342,7 +378,7 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 			earlier(l.sentAt.Add(hedgeAfter(l.renewTTL())))
 		}
 	}
-	if len(s.leases) > 0 {
+	if s.leases.n > 0 {
 		earlier(now.Add(min(max(minTTL/10, minHeartbeat), maxHeartbeat)))
 	}
 	s.wakeAt = next
@@ -407,7 +443,8 @@ func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time
 	}
 	var order []group
 	groups := make(map[group][]*Lease)
-	for l := range s.leases {
+	for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
+		after = l.lnext // l may leave the list
 		if !s.renewable(l, now, l.renewTTL()/6) {
 			continue
 		}
@@ -502,7 +539,7 @@ func (s *Scheduler) settle(r batchResult) []callback {
 
 // end removes l and returns its Ended call. s.mu must be held.
 func (s *Scheduler) end(l *Lease, reason EndReason) callback {
-	delete(s.leases, l)
+	s.leases.remove(l)
 	l.removed = true
 	o, err := l.Owner, l.lastErr
 	if o == nil {

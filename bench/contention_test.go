@@ -1,0 +1,195 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/redisstore"
+)
+
+// The contended workload of issue 11: workers goroutines on ONE name, each holding the lock
+// for holdFor and then working for workFor before it asks again, for the run's duration.
+const (
+	workers   = 16
+	holdFor   = time.Millisecond
+	workFor   = 2 * time.Millisecond
+	contLease = 10 * time.Second
+)
+
+var contentionRun = flag.Duration("contention.run", 3*time.Second, "how long each BenchmarkContention case runs")
+
+// contender is a lock library as one instance of a service uses it: lock waits for name.
+type contender struct {
+	name string
+	// open returns a lock function on client for one instance.
+	open func(b *testing.B, client *redis.Client) func(ctx context.Context, name string) (unlock func(), err error)
+}
+
+var contenders = []contender{
+	{"guard", func(b *testing.B, client *redis.Client) func(context.Context, string) (func(), error) {
+		g := guard.New(redisstore.New(client))
+		b.Cleanup(func() { _ = g.Close(context.Background()) })
+		return func(ctx context.Context, name string) (func(), error) {
+			l, err := g.Acquire(ctx, name, guard.LeaseTime(contLease))
+			if err != nil {
+				return nil, err
+			}
+			return func() { _ = l.Release(ctx) }, nil
+		}
+	}},
+	redislockContender("redislock-1ms", time.Millisecond),
+	// redislock's README waits with a linear backoff of 100 ms.
+	redislockContender("redislock-100ms", 100*time.Millisecond),
+	redsyncContender("redsync-default", nil),
+	redsyncContender("redsync-1ms", []redsync.Option{redsync.WithRetryDelay(time.Millisecond)}),
+}
+
+func redislockContender(name string, poll time.Duration) contender {
+	return contender{name, func(b *testing.B, client *redis.Client) func(context.Context, string) (func(), error) {
+		c := redislock.New(client)
+		opt := &redislock.Options{RetryStrategy: redislock.LinearBackoff(poll)}
+		return func(ctx context.Context, name string) (func(), error) {
+			l, err := c.Obtain(ctx, name, contLease, opt)
+			if err != nil {
+				return nil, err
+			}
+			return func() { _ = l.Release(ctx) }, nil
+		}
+	}}
+}
+
+func redsyncContender(name string, opts []redsync.Option) contender {
+	return contender{name, func(b *testing.B, client *redis.Client) func(context.Context, string) (func(), error) {
+		rs := redsync.New(goredis.NewPool(client))
+		opts := append([]redsync.Option{redsync.WithExpiry(contLease), redsync.WithTries(math.MaxInt32)}, opts...)
+		return func(ctx context.Context, name string) (func(), error) {
+			m := rs.NewMutex(name, opts...)
+			if err := m.LockContext(ctx); err != nil {
+				return nil, err
+			}
+			return func() { _, _ = m.UnlockContext(ctx) }, nil
+		}
+	}}
+}
+
+// BenchmarkContention runs the contended workload for each library, with all workers in one
+// instance and with 4 instances of 4, and reports utilisation (time the lock was held over
+// wall time), the median and 99th percentile wait, and Redis commands per acquisition. An
+// in-process channel mutex gives the ideal. The run's length is -contention.run, not b.N.
+func BenchmarkContention(b *testing.B) {
+	srv := testserver.StartRedis(b)
+	b.Run("chan-mutex/1x16", func(b *testing.B) {
+		mu := make(chan struct{}, 1)
+		lock := func(ctx context.Context, _ string) (func(), error) {
+			select {
+			case mu <- struct{}{}:
+				return func() { <-mu }, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		contend(b, []func(context.Context, string) (func(), error){lock}, nil)
+	})
+	for _, c := range contenders {
+		for _, instances := range []int{1, 4} {
+			b.Run(c.name+"/"+map[int]string{1: "1x16", 4: "4x4"}[instances], func(b *testing.B) {
+				var locks []func(context.Context, string) (func(), error)
+				var counters []*counter
+				for range instances {
+					client, cnt := newClient(b, srv.Addr)
+					locks = append(locks, c.open(b, client))
+					counters = append(counters, cnt)
+				}
+				contend(b, locks, counters)
+			})
+		}
+	}
+}
+
+// contend runs the workload with the workers spread over the instances' lock functions.
+func contend(b *testing.B, locks []func(context.Context, string) (func(), error), counters []*counter) {
+	name := "bench:contention:" + b.Name()
+	ctx, cancel := context.WithTimeout(context.Background(), *contentionRun+time.Minute)
+	defer cancel()
+	commands := func() (n int64) {
+		for _, c := range counters {
+			n += c.n.Load()
+		}
+		return n
+	}
+	var (
+		mu       sync.Mutex // protects waits
+		waits    []time.Duration
+		held     atomic.Int64 // ns
+		inside   atomic.Int32
+		overlaps atomic.Int32
+		failures atomic.Int32
+	)
+	before := commands()
+	b.ResetTimer()
+	start := time.Now()
+	stop := start.Add(*contentionRun)
+	var wg sync.WaitGroup
+	for i := range workers {
+		lock := locks[i%len(locks)]
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				asked := time.Now()
+				unlock, err := lock(ctx, name)
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						failures.Add(1)
+					}
+					continue
+				}
+				got := time.Now()
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				time.Sleep(holdFor)
+				inside.Add(-1)
+				held.Add(int64(time.Since(got)))
+				unlock()
+				mu.Lock()
+				waits = append(waits, got.Sub(asked))
+				mu.Unlock()
+				time.Sleep(workFor)
+			}
+		})
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	b.StopTimer()
+	if n := overlaps.Load(); n > 0 {
+		b.Errorf("%d overlapping holders", n)
+	}
+	if len(waits) == 0 {
+		b.Fatal("no acquisition")
+	}
+	slices.Sort(waits)
+	pct := func(p float64) float64 { return float64(waits[int(p*float64(len(waits)-1))]) / 1e6 }
+	b.ReportMetric(100*float64(held.Load())/float64(wall), "util-%")
+	b.ReportMetric(pct(0.5), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(float64(len(waits))/wall.Seconds(), "acq/s")
+	if counters != nil {
+		b.ReportMetric(float64(commands()-before)/float64(len(waits)), "cmds/acq")
+	}
+	if f := failures.Load(); f > 0 {
+		b.ReportMetric(float64(f), "failures")
+	}
+}
