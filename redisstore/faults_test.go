@@ -75,8 +75,9 @@ func TestLostAcquireReply(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
 		_, err := g.TryAcquire(ctx, name)
-		require.Error(t, err) // the context's deadline, or go-redis's read timeout set from it
-		require.NotErrorIs(t, err, guard.ErrNotAcquired)
+		// The context's deadline (then the error matches ErrNotAcquired too, as for every wait
+		// that the caller's context ends), or go-redis's read timeout set from it.
+		require.Error(t, err)
 		l, err := other.Acquire(t.Context(), name, guard.WaitTime(5*time.Second))
 		require.NoError(t, err, "the lock the timed-out acquire took stayed taken for its 30 s lease")
 		require.NoError(t, l.Release(t.Context()))
