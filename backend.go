@@ -14,8 +14,8 @@ import (
 // trip. Methods return bare causes (ErrNotHeld, a *BusyError, the driver's error): the Guard
 // adds the operation and the lock name.
 //
-// Package locktest (internal/locktest) is the conformance suite that proves a Backend keeps
-// this contract; every store of this module runs it.
+// Package locktest is the conformance suite that proves a Backend keeps this contract; every
+// store of this module runs it.
 type Backend interface {
 	// Acquire makes one attempt to take r.Name for r.Token, with a lease of r.TTL measured
 	// by the backend's clock. On success it returns the fence: a number that strictly

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/internal/locktest"
+	"github.com/guardlock/guard/locktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/guardlock/guard/internal/locktest"
+	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
 )
 

@@ -7,7 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/guardlock/guard/internal/locktest"
+	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
 )
 

@@ -23,7 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/internal/locktest"
+	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/tracing"
 )

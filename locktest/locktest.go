@@ -1,6 +1,3 @@
-// Package locktest is the conformance suite every backend passes: the same tests, each able to
-// fail for the reason it names, run against memstore, redisstore (single node and Cluster) and
-// mongostore. A backend's test file builds a Harness on its real server and calls Run.
 package locktest
 
 import (
@@ -17,28 +14,39 @@ import (
 type Target struct {
 	Backend guard.Backend
 	// RoundTrips returns the number of network round trips this backend's client made so
-	// far; nil when the backend makes none (memstore) or cannot count them.
+	// far, not counting the ones that open connections or look up the server's topology; nil
+	// when the backend makes none (memstore) or cannot count them. The suite then checks that
+	// each uncontended operation is one round trip, on a backend that has served one request
+	// already.
 	RoundTrips func() int64
 }
 
-// Harness tells the suite how to reach a backend and how to hurt it.
+// Harness tells the suite how to reach a backend and how to hurt it. New, Delete, Overwrite
+// and Wipe are required; Killable is optional.
 type Harness struct {
 	// New returns a backend with its own client on the shared server, as a separate service
-	// instance would have.
+	// instance would have. Clean it up with tb.Cleanup.
 	New func(tb testing.TB) Target
 	// Delete removes name's lock behind its holder's back.
 	Delete func(tb testing.TB, name string)
-	// Overwrite makes name held by another token behind its holder's back.
+	// Overwrite makes name held by another token behind its holder's back, keeping its lease.
 	Overwrite func(tb testing.TB, name string)
 	// Wipe loses every lock and fence of the backend, as a server restarted without
 	// persistence, or an operator reclaiming state, would.
 	Wipe func(tb testing.TB)
 	// Killable starts a dedicated server and returns a backend on it and a function that
-	// kills the server (SIGKILL). Nil for a backend without a server (memstore).
+	// kills the server (SIGKILL). Nil for a backend without a server (memstore): the test of a
+	// dying server is then skipped.
 	Killable func(tb testing.TB) (Target, func())
 }
 
-// Run runs the whole suite.
+// Run runs every contract test against the backend of h, each as a subtest: mutual exclusion
+// and fences across Guards, stale holders, the watchdog's cadence, loss (deleted and
+// overwritten locks, a killed server), fixed leases, MinHold (also with a renewal in flight at
+// the release, and with a waiter behind it), waiting (wake-ups, crashed holders, cancellation,
+// WaitTime), reentrancy, a retried acquire, fences after data loss, one round trip per
+// operation, typed errors, Close, and — when the backend implements guard.Inspector —
+// inspection, paging and forced release. The tests take about a minute on a local server.
 func Run(t *testing.T, h Harness) {
 	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, h) })
 	t.Run("StaleHolder", func(t *testing.T) { testStaleHolder(t, h) })
