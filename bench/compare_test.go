@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/redisstore"
 )
 

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/locktest"
 )
 
 // TestConformance runs the backend conformance suite on a PostgreSQL server of its own. Every

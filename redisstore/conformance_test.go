@@ -7,8 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/locktest"
 )
 
 // TestConformance runs the backend conformance suite on a single node and on a three-master

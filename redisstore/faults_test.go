@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/locktest"
 )
 
 // storeVia returns a Guard on a Store whose client talks to addr with opts, both closed when

@@ -25,8 +25,8 @@ import (
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/examples/httpapi/accounts"
-	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/tracing"
 )
