@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/guardlock/guard/watchdog"
+	"github.com/guardlock/guard/internal/lease"
 )
 
 // Guard hands out locks on one backend. It owns the watchdog that renews its locks, the one
@@ -24,7 +24,7 @@ type Guard struct {
 	obs         Observer // nil: no telemetry
 	watchdogTTL time.Duration
 	instance    string // Request.Instance of every acquisition
-	sched       *watchdog.Scheduler
+	sched       *lease.Scheduler
 	// life ends when Close begins: it ends waits and the Watch calls in flight.
 	life    context.Context
 	endLife context.CancelFunc
@@ -79,7 +79,7 @@ func New(backend Backend, opts ...Option) *Guard {
 	if p, ok := backend.(Partitioned); ok {
 		partition = p.Partition
 	}
-	g.sched = watchdog.New(g.renew, partition)
+	g.sched = lease.New(g.renew, partition)
 	return g
 }
 
@@ -236,7 +236,7 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 	cctx, cancel := context.WithCancelCause(parent)
 	l.lctx = lockContext{Context: cctx, l: l}
 	l.ctx, l.cancel = &l.lctx, cancel
-	l.lease = watchdog.Lease{Name: l.name, Token: l.token, Owner: (*leaseOwner)(l)}
+	l.lease = lease.Lease{Name: l.name, Token: l.token, Owner: (*leaseOwner)(l)}
 	if l.renewed {
 		l.lease.TTL = l.ttl
 	}
@@ -379,29 +379,29 @@ func (g *Guard) background(f func()) {
 }
 
 // renew is the watchdog's RenewFunc: one backend call for the whole batch.
-func (g *Guard) renew(ctx context.Context, batch []*watchdog.Lease) ([]watchdog.Result, []error) {
+func (g *Guard) renew(ctx context.Context, batch []*lease.Lease) ([]lease.Result, []error) {
 	leases := make([]Lease, len(batch))
 	for i, l := range batch {
 		leases[i] = Lease{Name: l.Name, Token: l.Token, TTL: l.RenewTTL()}
 	}
 	errs := g.backend.Extend(ctx, leases)
-	results := make([]watchdog.Result, len(batch))
+	results := make([]lease.Result, len(batch))
 	if len(errs) != len(batch) {
 		err := fmt.Errorf("guard: backend extended %d leases, asked %d", len(errs), len(batch))
 		errs = make([]error, len(batch))
 		for i := range batch {
-			results[i], errs[i] = watchdog.Failed, err
+			results[i], errs[i] = lease.Failed, err
 		}
 		return results, errs
 	}
 	for i, err := range errs {
 		switch {
 		case err == nil:
-			results[i] = watchdog.Renewed
+			results[i] = lease.Renewed
 		case errors.Is(err, ErrNotHeld):
-			results[i] = watchdog.NotHeld
+			results[i] = lease.NotHeld
 		default:
-			results[i] = watchdog.Failed
+			results[i] = lease.Failed
 		}
 	}
 	return results, errs

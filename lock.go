@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/guardlock/guard/watchdog"
+	"github.com/guardlock/guard/internal/lease"
 )
 
 // Lock is a held lock. Its context lives while the lock is held and is cancelled, with a
@@ -34,8 +34,8 @@ type Lock struct {
 	outer *Lock // for a reentrant handle: the lock it re-entered
 	prev  *Lock // the lock the acquiring context ran under, if any
 
-	lease  watchdog.Lease // in the Guard's scheduler while held; unused by a reentrant handle
-	lctx   lockContext    // ctx, for a lock that the Guard holds
+	lease  lease.Lease // in the Guard's scheduler while held; unused by a reentrant handle
+	lctx   lockContext // ctx, for a lock that the Guard holds
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	unlink func() bool // for a reentrant handle: stops following outer's context
@@ -261,14 +261,14 @@ func (o *leaseOwner) RenewFailed(err error) {
 }
 
 // Ended ends the lock: the lease ended without a release.
-func (o *leaseOwner) Ended(reason watchdog.EndReason, lastErr error) {
+func (o *leaseOwner) Ended(reason lease.EndReason, lastErr error) {
 	l := (*Lock)(o)
 	var cause error
 	kind := EventLost
 	switch {
-	case reason == watchdog.Lost:
+	case reason == lease.Lost:
 		cause = fmt.Errorf("%w: held by another owner or free", ErrLockLost)
-	case reason == watchdog.Suspended:
+	case reason == lease.Suspended:
 		cause = fmt.Errorf("%w: not confirmed before its deadline: %w", ErrLockLost, lastErr)
 	case !l.renewed:
 		kind = EventLeaseExpired

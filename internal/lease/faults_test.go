@@ -1,4 +1,4 @@
-package watchdog
+package lease
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/guardlock/guard/watchdog"
 )
 
 // stuckBackend renews every lease at once, except that the requests it is told to hold get
@@ -137,7 +139,7 @@ func TestPartitionsAreRenewedApart(t *testing.T) {
 		require.Len(t, ended, 2, "%v", ended)
 		for _, end := range ended {
 			assert.True(t, slow[end.name], "%s lost to the other node's hanging renewals", end.name)
-			assert.Equal(t, Deadline(start, ttl), end.at, "%s ended at its deadline", end.name)
+			assert.Equal(t, watchdog.Deadline(start, ttl), end.at, "%s ended at its deadline", end.name)
 		}
 		for _, c := range b.snapshot() {
 			assert.True(t, !slices.Contains(c.names, "s1") || !slices.Contains(c.names, "f1"),
@@ -172,7 +174,7 @@ func TestSuspendedHostEndsLeasesThatRanOut(t *testing.T) {
 		require.Len(t, ended, 1, "%v", ended)
 		assert.Equal(t, "watchdog", ended[0].name, "the 30 s lease ran out during 40 minutes away; the hour did not")
 		assert.Equal(t, Suspended, ended[0].reason)
-		assert.ErrorIs(t, ended[0].err, ErrSuspended)
+		assert.ErrorIs(t, ended[0].err, watchdog.ErrSuspended)
 		assert.LessOrEqual(t, ended[0].at.Sub(woke), maxHeartbeat, "noticed after the next heartbeat")
 	})
 }
@@ -231,7 +233,7 @@ func TestClaim(t *testing.T) {
 		require.Len(t, calls, 1, "one claim, for the lock still held")
 		assert.Equal(t, []string{"claimed"}, calls[0].names)
 		assert.Equal(t, granted/3, calls[0].at.Sub(start))
-		assert.Equal(t, Deadline(calls[0].at, lease), s.Deadline(claimed), "the claimed lease counts from the claim")
+		assert.Equal(t, watchdog.Deadline(calls[0].at, lease), s.Deadline(claimed), "the claimed lease counts from the claim")
 
 		time.Sleep(2 * lease)
 		assert.Len(t, b.snapshot(), 1, "a LeaseTime lock was renewed after its claim")

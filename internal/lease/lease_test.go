@@ -1,4 +1,4 @@
-package watchdog
+package lease
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/guardlock/guard/watchdog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -163,13 +165,13 @@ func TestEndsAtDeadlineWhenBackendNeverAnswers(t *testing.T) {
 		start := time.Now()
 		l := e.lease("a", ttl)
 		s.Add(l, start, ttl)
-		assert.Equal(t, start.Add(ttl-Drift(ttl)), s.Deadline(l))
+		assert.Equal(t, start.Add(ttl-watchdog.Drift(ttl)), s.Deadline(l))
 
 		time.Sleep(ttl)
 		got := e.all()
 		require.Len(t, got, 1)
 		assert.Equal(t, Expired, got[0].reason)
-		assert.Equal(t, ttl-Drift(ttl), got[0].at.Sub(start), "ended exactly at start + TTL - drift")
+		assert.Equal(t, ttl-watchdog.Drift(ttl), got[0].at.Sub(start), "ended exactly at start + TTL - drift")
 		assert.Equal(t, 0, s.Len())
 	})
 }
@@ -220,7 +222,7 @@ func TestRetriesTransientFailures(t *testing.T) {
 		}
 		assert.EqualValues(t, 3, failures.Load())
 		require.EqualValues(t, 1, renewals.Load())
-		assert.Equal(t, start.Add(ttl/3+3*ttl/10).Add(ttl-Drift(ttl)), s.Deadline(l))
+		assert.Equal(t, start.Add(ttl/3+3*ttl/10).Add(ttl-watchdog.Drift(ttl)), s.Deadline(l))
 		assert.Empty(t, e.all())
 	})
 }
@@ -240,7 +242,7 @@ func TestLastFailureIsReportedAtExpiry(t *testing.T) {
 		require.Len(t, got, 1)
 		assert.Equal(t, Expired, got[0].reason)
 		assert.ErrorIs(t, got[0].err, boom)
-		assert.Equal(t, ttl-Drift(ttl), got[0].at.Sub(start))
+		assert.Equal(t, ttl-watchdog.Drift(ttl), got[0].at.Sub(start))
 	})
 }
 
@@ -261,7 +263,7 @@ func TestFixedLeaseIsOnlyWatched(t *testing.T) {
 		got := e.all()
 		require.Len(t, got, 1)
 		assert.Equal(t, Expired, got[0].reason)
-		assert.Equal(t, 2*time.Second+lease-Drift(lease), got[0].at.Sub(start))
+		assert.Equal(t, 2*time.Second+lease-watchdog.Drift(lease), got[0].at.Sub(start))
 		assert.False(t, s.SetDeadline(l, time.Now(), lease), "an ended lease cannot be extended")
 	})
 }
