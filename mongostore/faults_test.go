@@ -77,7 +77,7 @@ func TestReclaim(t *testing.T) {
 	c := newClient(t, srv)
 	ctx := t.Context()
 	_, err := c.store.Reclaim(ctx, time.Second)
-	require.ErrorIs(t, err, mongostore.ErrReclaimIdle)
+	require.ErrorIs(t, err, mongostore.ErrIdleTooShort)
 
 	var fences []uint64
 	for _, name := range []string{"idle", "held", "recent"} {

@@ -47,8 +47,8 @@ const DefaultClockRefresh = time.Minute
 // disagree.
 const MinReclaimIdle = time.Minute
 
-// ErrReclaimIdle reports a Reclaim with an idle time below MinReclaimIdle.
-var ErrReclaimIdle = errors.New("mongostore: reclaim idle time below a minute")
+// ErrIdleTooShort reports a Reclaim with an idle time under MinReclaimIdle.
+var ErrIdleTooShort = errors.New("mongostore: reclaim idle time too short")
 
 // Store keeps locks in a MongoDB collection, one document per lock name. It is safe for
 // concurrent use. Create it with New.
@@ -316,10 +316,10 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 // order: a name taken again gets a new document whose epoch, the server's time, lies above
 // every fence the old one gave (see Acquire). idle must be at least MinReclaimIdle, which
 // covers the uncertainty of two stores' estimates of the server's clock; otherwise Reclaim
-// returns ErrReclaimIdle. It returns how many documents it deleted.
+// returns ErrIdleTooShort. It returns how many documents it deleted.
 func (s *Store) Reclaim(ctx context.Context, idle time.Duration) (int64, error) {
 	if idle < MinReclaimIdle {
-		return 0, fmt.Errorf("%w: %v", ErrReclaimIdle, idle)
+		return 0, fmt.Errorf("%w: %v, less than %v", ErrIdleTooShort, idle, MinReclaimIdle)
 	}
 	now, err := s.clock.now(ctx)
 	if err != nil {

@@ -3,6 +3,7 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -104,6 +105,9 @@ func (s *Store) ForceRelease(ctx context.Context, name string) error {
 // MinReclaimIdle is the shortest idle time Reclaim accepts.
 const MinReclaimIdle = time.Minute
 
+// ErrIdleTooShort reports a Reclaim with an idle time under MinReclaimIdle.
+var ErrIdleTooShort = errors.New("mysqlstore: reclaim idle time too short")
+
 // reclaimBatch is how many rows Reclaim deletes per statement.
 const reclaimBatch = 200
 
@@ -116,13 +120,13 @@ const reclaimBatch = 200
 // A deleted row loses its fence: the next acquisition of the name starts again from the
 // database's clock in microseconds, which is above every fence the name had as long as that
 // clock has not stepped back by more than idle. That is why idle must be at least
-// MinReclaimIdle (a minute); Reclaim returns an error, and deletes nothing, otherwise.
+// MinReclaimIdle (a minute); Reclaim returns ErrIdleTooShort, and deletes nothing, otherwise.
 //
 // Reclaim reads candidates a page at a time without locking and deletes each page by primary
 // key, so it never holds locks on more than reclaimBatch rows at once.
 func (s *Store) Reclaim(ctx context.Context, idle time.Duration) (int64, error) {
 	if idle < MinReclaimIdle {
-		return 0, fmt.Errorf("guard/mysqlstore: Reclaim(%v): idle must be at least %v, or fences could go backwards", idle, MinReclaimIdle)
+		return 0, fmt.Errorf("%w: %v, less than %v", ErrIdleTooShort, idle, MinReclaimIdle)
 	}
 	var (
 		deleted int64

@@ -108,7 +108,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 }
 
 // errToken reports a token that no lock can hold.
-var errToken = errors.New("guard/mysqlstore: the token must be 1 to 255 bytes")
+var errToken = errors.New("mysqlstore: the token must be 1 to 255 bytes")
 
 func validToken(token string) bool { return token != "" && len(token) <= maxToken }
 
@@ -129,7 +129,7 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 		return 0, errToken
 	}
 	if r.TTL < time.Microsecond {
-		return 0, fmt.Errorf("guard/mysqlstore: lease %v is shorter than a microsecond", r.TTL)
+		return 0, fmt.Errorf("mysqlstore: lease %v is shorter than a microsecond", r.TTL)
 	}
 	q := fill(s.acquire,
 		"{name}", bin(r.Name), "{token}", bin(r.Token), "{ttl}", micros(r.TTL),

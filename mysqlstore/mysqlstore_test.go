@@ -382,6 +382,7 @@ func TestReclaim(t *testing.T) {
 	}
 
 	_, err := s.Reclaim(ctx, MinReclaimIdle-time.Second)
+	require.ErrorIs(t, err, ErrIdleTooShort)
 	require.Error(t, err, "an idle time under a minute")
 	n, err := s.Reclaim(ctx, MinReclaimIdle)
 	require.NoError(t, err)

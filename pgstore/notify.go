@@ -102,7 +102,7 @@ func (sub *subscription) Watch(ctx context.Context, name string) error {
 		return nil
 	case <-ctx.Done():
 		sub.Unwatch(name)
-		return fmt.Errorf("guard/pgstore: watch: not listening yet: %w", ctx.Err())
+		return fmt.Errorf("pgstore: watch: not listening yet: %w", ctx.Err())
 	case <-sub.done:
 		sub.Unwatch(name)
 		return ErrSubscriptionClosed

@@ -30,11 +30,11 @@ const MinReclaimIdle = time.Minute
 // Sentinel errors. The errors of a Store wrap them, or return the driver's error, bare.
 var (
 	// ErrSubscriptionClosed reports a Watch on a closed Subscription.
-	ErrSubscriptionClosed = errors.New("guard/pgstore: subscription closed")
+	ErrSubscriptionClosed = errors.New("pgstore: subscription closed")
 	// ErrIdleTooShort reports a Reclaim with an idle time under MinReclaimIdle.
-	ErrIdleTooShort = errors.New("guard/pgstore: reclaim idle time too short")
+	ErrIdleTooShort = errors.New("pgstore: reclaim idle time too short")
 	// errLease reports a lease or keep time the Store cannot send: not positive.
-	errLease = errors.New("guard/pgstore: lease is not positive")
+	errLease = errors.New("pgstore: lease is not positive")
 )
 
 var (
