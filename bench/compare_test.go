@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,25 +18,6 @@ import (
 	"github.com/guardlock/guard/locktest"
 	"github.com/guardlock/guard/redisstore"
 )
-
-// counter is a go-redis hook that counts round trips: one per command, one per pipeline.
-type counter struct{ n atomic.Int64 }
-
-func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
 
 // lib is one lock library under comparison: lock takes name (waiting when wait is set),
 // unlock gives it back.
@@ -108,10 +88,9 @@ var libs = []lib{
 }
 
 // newClient returns a client on srv with a round-trip counter.
-func newClient(tb testing.TB, addr string) (*redis.Client, *counter) {
+func newClient(tb testing.TB, addr string) (*redis.Client, *testserver.RoundTrips) {
 	c := redis.NewClient(&redis.Options{Addr: addr})
-	cnt := &counter{}
-	c.AddHook(cnt)
+	cnt := testserver.CountRoundTrips(c)
 	tb.Cleanup(func() { _ = c.Close() })
 	return c, cnt
 }
@@ -125,7 +104,7 @@ func BenchmarkUncontended(b *testing.B) {
 			lock := l.open(b, client)
 			ctx := context.Background()
 			name := "bench:uncontended:" + l.name
-			before := cnt.n.Load()
+			before := cnt.Load()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
@@ -138,7 +117,7 @@ func BenchmarkUncontended(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			b.ReportMetric(float64(cnt.n.Load()-before)/float64(b.N), "roundtrips/op")
+			b.ReportMetric(float64(cnt.Load()-before)/float64(b.N), "roundtrips/op")
 		})
 	}
 }
@@ -194,7 +173,7 @@ func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartRedis(b)
 	for _, l := range libs {
 		b.Run(l.name, func(b *testing.B) {
-			var counters [2]*counter
+			var counters [2]*testserver.RoundTrips
 			var lockers [2]locktest.Locker
 			for i := range lockers {
 				var client *redis.Client
@@ -205,7 +184,7 @@ func BenchmarkHandoff(b *testing.B) {
 				}
 			}
 			locktest.Handoff(b, "bench:handoff:"+l.name, lockers,
-				func() int64 { return counters[0].n.Load() + counters[1].n.Load() })
+				func() int64 { return counters[0].Load() + counters[1].Load() })
 		})
 	}
 }

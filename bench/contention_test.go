@@ -108,7 +108,7 @@ func BenchmarkContention(b *testing.B) {
 		for _, instances := range []int{1, 4} {
 			b.Run(c.name+"/"+map[int]string{1: "1x16", 4: "4x4"}[instances], func(b *testing.B) {
 				var locks []func(context.Context, string) (func(), error)
-				var counters []*counter
+				var counters []*testserver.RoundTrips
 				for range instances {
 					client, cnt := newClient(b, srv.Addr)
 					locks = append(locks, c.open(b, client))
@@ -121,13 +121,13 @@ func BenchmarkContention(b *testing.B) {
 }
 
 // contend runs the workload with the workers spread over the instances' lock functions.
-func contend(b *testing.B, locks []func(context.Context, string) (func(), error), counters []*counter) {
+func contend(b *testing.B, locks []func(context.Context, string) (func(), error), counters []*testserver.RoundTrips) {
 	name := "bench:contention:" + b.Name()
 	ctx, cancel := context.WithTimeout(context.Background(), *contentionRun+time.Minute)
 	defer cancel()
 	commands := func() (n int64) {
 		for _, c := range counters {
-			n += c.n.Load()
+			n += c.Load()
 		}
 		return n
 	}

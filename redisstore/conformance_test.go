@@ -59,18 +59,12 @@ func (d *deployment) harness(tb testing.TB) locktest.Harness {
 			require.NoError(tb, adm.HSet(context.Background(), keys.lockKey(name), "token", "intruder").Err())
 		},
 		Wipe: func(tb testing.TB) {
-			for _, addr := range d.masters {
-				c := redis.NewClient(&redis.Options{Addr: addr})
-				require.NoError(tb, c.FlushAll(context.Background()).Err())
-				require.NoError(tb, c.Close())
-			}
+			d.eachMaster(tb, func(c *redis.Client) error { return c.FlushAll(context.Background()).Err() })
 		},
 		Killable: func(tb testing.TB) (locktest.Target, func()) {
 			r := testserver.StartRedis(tb)
 			c := closeLater(tb, redis.NewClient(&redis.Options{Addr: r.Addr}))
-			rt := &roundTrips{}
-			rt.attach(c)
-			return locktest.Target{Backend: New(c), RoundTrips: rt.Load}, r.Kill
+			return locktest.Target{Backend: New(c), RoundTrips: testserver.CountRoundTrips(c).Load}, r.Kill
 		},
 	}
 }

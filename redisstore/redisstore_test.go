@@ -7,7 +7,6 @@ import (
 	"log"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,71 +89,9 @@ func closeLater(t testing.TB, c redis.UniversalClient) redis.UniversalClient {
 }
 
 // counted returns a new client of d with a hook that counts its round trips, and a Store on it.
-func (d *deployment) counted(t testing.TB) (*Store, *roundTrips) {
+func (d *deployment) counted(t testing.TB) (*Store, *testserver.RoundTrips) {
 	c := d.client(t)
-	rt := &roundTrips{}
-	rt.attach(c)
-	return New(c), rt
-}
-
-// roundTrips is a go-redis hook that counts the network round trips of a client: one per
-// Process call and one per ProcessPipeline call. On a ClusterClient it is attached to every
-// node's client, where go-redis runs each node's share of a pipeline as its own
-// ProcessPipeline: a pipeline then counts one round trip per node it reaches. Commands that
-// go-redis sends for its own bookkeeping (cluster topology, command table, connection set-up)
-// are not counted: they are not the backend's operations.
-type roundTrips struct {
-	n     atomic.Int64 // round trips
-	calls atomic.Int64 // Process and ProcessPipeline calls on the client itself
-}
-
-func (r *roundTrips) attach(c redis.UniversalClient) {
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		cc.AddHook(callCounter{&r.calls})
-		cc.OnNewNode(func(node *redis.Client) { node.AddHook(callCounter{&r.n}) })
-		return
-	}
-	c.AddHook(callCounter{&r.n})
-	c.AddHook(callCounter{&r.calls})
-}
-
-func (r *roundTrips) Load() int64 { return r.n.Load() }
-
-// callCounter counts the Process and ProcessPipeline calls of the client it hooks.
-type callCounter struct{ n *atomic.Int64 }
-
-func (c callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !bookkeeping(cmd) {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (c callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			if !bookkeeping(cmd) {
-				c.n.Add(1)
-				break
-			}
-		}
-		return next(ctx, cmds)
-	}
-}
-
-// bookkeeping reports whether go-redis sent cmd for itself rather than for the Store.
-func bookkeeping(cmd redis.Cmder) bool {
-	switch strings.ToLower(cmd.Name()) {
-	case "cluster", "command", "hello", "client", "auth", "select", "readonly", "ping",
-		"info": // the Store's check of the eviction policy, once per Store
-
-		return true
-	}
-	return false
+	return New(c), testserver.CountRoundTrips(c)
 }
 
 // admin returns a client of d for the test's own looks at the keys.
@@ -228,21 +165,19 @@ func (d *deployment) commandCalls(t testing.TB, cmds ...string) map[string]int {
 
 func (d *deployment) resetStats(t testing.TB) {
 	t.Helper()
-	for _, addr := range d.masters {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		require.NoError(t, c.ConfigResetStat(t.Context()).Err())
-		_ = c.Close()
-	}
+	d.eachMaster(t, func(c *redis.Client) error { return c.ConfigResetStat(t.Context()).Err() })
 }
 
 // flushScripts empties the script cache of every master.
 func (d *deployment) flushScripts(t testing.TB) {
 	t.Helper()
-	for _, addr := range d.masters {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		require.NoError(t, c.ScriptFlush(t.Context()).Err())
-		_ = c.Close()
-	}
+	d.eachMaster(t, func(c *redis.Client) error { return c.ScriptFlush(t.Context()).Err() })
+}
+
+// eachMaster calls f with a client of each master of d.
+func (d *deployment) eachMaster(t testing.TB, f func(c *redis.Client) error) {
+	t.Helper()
+	require.NoError(t, testserver.EachNode(d.masters, f))
 }
 
 // deployments are the kinds of Redis the Store is tested on.
@@ -590,18 +525,18 @@ func testRoundTrips(t *testing.T, d *deployment) {
 		require.Equal(t, 3, nodes, "the batch should reach every master")
 	}
 	d.resetStats(t)
-	calls := rt.calls.Load()
+	calls := rt.Calls()
 	got := trips(func() {
 		for i, err := range s.Extend(ctx, leases) {
 			require.NoError(t, err, i)
 		}
 	})
 	assert.Equal(t, int64(nodes), got, "batched extend: round trips")
-	assert.Equal(t, int64(1), rt.calls.Load()-calls, "batched extend: one Pipelined call")
+	assert.Equal(t, int64(1), rt.Calls()-calls, "batched extend: one Pipelined call")
 	stats := d.commandCalls(t, "evalsha", "eval")
 	assert.Equal(t, n, stats["evalsha"], "one EVALSHA per lease")
 	assert.Zero(t, stats["eval"])
-	t.Logf("%s: batched extend of %d leases: %d round trips, %d client call(s)", d.kind, n, got, rt.calls.Load()-calls)
+	t.Logf("%s: batched extend of %d leases: %d round trips, %d client call(s)", d.kind, n, got, rt.Calls()-calls)
 }
 
 func testNoScript(t *testing.T, d *deployment) {
@@ -780,13 +715,11 @@ func testWatchContext(t *testing.T, d *deployment) {
 // numsub returns how many connections subscribe to ch on d's masters.
 func (d *deployment) numsub(t testing.TB, ch string) (n int64) {
 	t.Helper()
-	for _, addr := range d.masters {
-		c := redis.NewClient(&redis.Options{Addr: addr})
+	d.eachMaster(t, func(c *redis.Client) error {
 		m, err := c.PubSubNumSub(context.Background(), ch).Result()
-		_ = c.Close()
-		require.NoError(t, err)
 		n += m[ch]
-	}
+		return err
+	})
 	return n
 }
 
@@ -803,11 +736,7 @@ func testResubscribe(t *testing.T, d *deployment) {
 	ch := w.channel(name)
 	subscribers := func() int64 { return d.numsub(t, ch) }
 	require.Equal(t, int64(1), subscribers())
-	for _, addr := range d.masters {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		require.NoError(t, c.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err())
-		_ = c.Close()
-	}
+	d.eachMaster(t, func(c *redis.Client) error { return c.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err() })
 	require.Eventually(t, func() bool { return subscribers() == 1 }, notifyWait, 10*time.Millisecond,
 		"go-redis did not subscribe again")
 
@@ -819,17 +748,15 @@ func testResubscribe(t *testing.T, d *deployment) {
 // masters, but for the Sentinel's own.
 func (d *deployment) pubsubClients(t testing.TB) []string {
 	var lines []string
-	for _, addr := range d.masters {
-		c := redis.NewClient(&redis.Options{Addr: addr})
+	d.eachMaster(t, func(c *redis.Client) error {
 		out, err := c.ClientList(context.Background()).Result()
-		_ = c.Close()
-		require.NoError(t, err)
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 			if strings.Contains(l, " flags=P ") && !strings.Contains(l, " name=sentinel-") {
 				lines = append(lines, l)
 			}
 		}
-	}
+		return err
+	})
 	return lines
 }
 
@@ -863,11 +790,7 @@ func testHealthCheck(t *testing.T, d *deployment) {
 		notifyWait, 10*time.Millisecond, "the silent connection was not pinged")
 	assert.Equal(t, id, clientField(d.pubsubClients(t)[0], "id"), "a live connection was replaced")
 
-	for _, addr := range d.masters {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", "1000", "ALL").Err())
-		_ = c.Close()
-	}
+	d.eachMaster(t, func(c *redis.Client) error { return c.Do(ctx, "CLIENT", "PAUSE", "1000", "ALL").Err() })
 	require.Eventually(t, func() bool {
 		c := d.pubsubClients(t)
 		return len(c) == 1 && clientField(c[0], "id") != id && clientField(c[0], "sub") == "1"
