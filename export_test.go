@@ -5,5 +5,5 @@ package guard
 func HeldLocks(g *Guard) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.held.n
+	return g.held.Len()
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/guardlock/guard/internal/ilist"
 	"github.com/guardlock/guard/internal/lease"
 )
 
@@ -29,8 +30,8 @@ type Guard struct {
 	life    context.Context
 	endLife context.CancelFunc
 
-	mu     sync.Mutex // protects held, the heldPrev and heldNext of every Lock, and closed's changes
-	held   heldLocks
+	mu     sync.Mutex // protects held, the held links of every Lock, and closed's changes
+	held   ilist.List[Lock]
 	closed atomic.Bool
 
 	tokens *tokens // the owner tokens of acquisitions
@@ -68,6 +69,7 @@ func New(backend Backend, opts ...Option) *Guard {
 		obs:         s.observer,
 		watchdogTTL: s.watchdogTimeout,
 		instance:    s.instance,
+		held:        ilist.New(func(l *Lock) *ilist.Links[Lock] { return &l.held }),
 		tokens:      newTokens(),
 	}
 	g.waiters = make(map[string]*waitList)
@@ -145,8 +147,8 @@ func (g *Guard) Close(ctx context.Context) error {
 	}
 	g.closed.Store(true)
 	g.endLife()
-	locks := make([]*Lock, 0, g.held.n)
-	for l := g.held.head; l != nil; l = l.heldNext {
+	locks := make([]*Lock, 0, g.held.Len())
+	for l := g.held.Front(); l != nil; l = g.held.Next(l) {
 		locks = append(locks, l)
 	}
 	g.mu.Unlock()
@@ -247,7 +249,7 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 	closed := g.closed.Load()
 	if !closed {
 		// Under g.mu, so that Close either sees the lock held and watched, or not at all.
-		g.held.add(l)
+		g.held.Push(l)
 		g.sched.Add(&l.lease, l.start, l.granted)
 	}
 	g.mu.Unlock()
@@ -260,43 +262,10 @@ func (g *Guard) hold(parent context.Context, l *Lock) error {
 	return nil
 }
 
-// heldLocks is the locks a Guard holds: an intrusive list, so that taking and giving back a
-// lock costs neither a hash nor an allocation.
-type heldLocks struct {
-	head *Lock
-	n    int
-}
-
-func (h *heldLocks) add(l *Lock) {
-	l.heldPrev, l.heldNext, l.inHeld = nil, h.head, true
-	if h.head != nil {
-		h.head.heldPrev = l
-	}
-	h.head = l
-	h.n++
-}
-
-// remove takes l out, if it is in.
-func (h *heldLocks) remove(l *Lock) {
-	if !l.inHeld {
-		return
-	}
-	if l.heldPrev != nil {
-		l.heldPrev.heldNext = l.heldNext
-	} else {
-		h.head = l.heldNext
-	}
-	if l.heldNext != nil {
-		l.heldNext.heldPrev = l.heldPrev
-	}
-	l.heldPrev, l.heldNext, l.inHeld = nil, nil, false
-	h.n--
-}
-
 // forget drops l from the locks the Guard holds: it was released, or it ended on its own.
 func (g *Guard) forget(l *Lock) {
 	g.mu.Lock()
-	g.held.remove(l)
+	g.held.Remove(l)
 	g.mu.Unlock()
 }
 

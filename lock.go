@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/guardlock/guard/internal/ilist"
 	"github.com/guardlock/guard/internal/lease"
 )
 
@@ -42,9 +43,7 @@ type Lock struct {
 
 	released atomic.Bool // Release (or Close) took it
 
-	// In the Guard's held locks; guarded by Guard.mu.
-	heldPrev, heldNext *Lock
-	inHeld             bool
+	held ilist.Links[Lock] // in the Guard's held locks; guarded by Guard.mu
 
 	extendMu sync.Mutex // held during Extend: one extension at a time, answered in order
 	events   mailbox    // events for the observer, delivered in order

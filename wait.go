@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -570,21 +571,11 @@ func (g *Guard) enqueue(w *waiter) {
 	defer g.wmu.Unlock()
 	q := w.list.queue
 	i, found := slices.BinarySearchFunc(q, w.seq, func(x *waiter, seq uint64) int {
-		return cmpUint(x.seq, seq)
+		return cmp.Compare(x.seq, seq)
 	})
 	if !found {
 		w.list.queue = slices.Insert(q, i, w)
 	}
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // dequeue takes w out of its list's queue.

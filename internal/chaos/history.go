@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -206,7 +207,7 @@ func (h *History) Acquisitions() (acqs []*Acquisition, calls map[string]int, pro
 			}
 		}
 	}
-	slices.SortFunc(acqs, func(x, y *Acquisition) int { return cmpInt64(x.Grant, y.Grant) })
+	slices.SortFunc(acqs, func(x, y *Acquisition) int { return cmp.Compare(x.Grant, y.Grant) })
 	return acqs, calls, problems
 }
 
@@ -253,16 +254,6 @@ func (h *History) WindowEnd(a *Acquisition) (int64, string) {
 // having frozen the watchdog before it fired: a few times the lag the runs measure
 // (Report.MaxCancelLag).
 const stopSlack = 50 * time.Millisecond
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 // describe renders the events of a's acquisition, times relative to the run's start, for a
 // failure message.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/guardlock/guard/internal/ilist"
 	"github.com/guardlock/guard/watchdog"
 )
 
@@ -78,37 +79,7 @@ type Lease struct {
 	lastErr  error
 	removed  bool // no longer in the scheduler
 
-	lprev, lnext *Lease // in the scheduler's list
-}
-
-// leaseList is the leases of a scheduler: an intrusive list, so that adding and removing one
-// costs neither a hash nor an allocation.
-type leaseList struct {
-	head *Lease
-	n    int
-}
-
-func (ls *leaseList) add(l *Lease) {
-	l.lprev, l.lnext = nil, ls.head
-	if ls.head != nil {
-		ls.head.lprev = l
-	}
-	ls.head = l
-	ls.n++
-}
-
-// remove takes l out; it must be in the list.
-func (ls *leaseList) remove(l *Lease) {
-	if l.lprev != nil {
-		l.lprev.lnext = l.lnext
-	} else {
-		ls.head = l.lnext
-	}
-	if l.lnext != nil {
-		l.lnext.lprev = l.lprev
-	}
-	l.lprev, l.lnext = nil, nil
-	ls.n--
+	links ilist.Links[Lease] // in the scheduler's list
 }
 
 // Limits of concurrent renewal requests.
@@ -138,7 +109,7 @@ type Scheduler struct {
 	partition func(name string) string
 
 	mu      sync.Mutex // protects leases, the fields of every Lease in it, batches, wakeAt and the clock fields
-	leases  leaseList
+	leases  ilist.List[Lease]
 	batches int       // renewal batches out
 	wakeAt  time.Time // when timer fires; zero when it is stopped
 	// The clocks at the loop's last look, to notice a suspended host, and the total time it
@@ -171,6 +142,7 @@ type batchResult struct {
 func New(renew RenewFunc, partition func(name string) string) *Scheduler {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Scheduler{
+		leases:     ilist.New(func(l *Lease) *ilist.Links[Lease] { return &l.links }),
 		renew:      renew,
 		partition:  partition,
 		wallOffset: func() time.Duration { return 0 },
@@ -195,7 +167,7 @@ func (s *Scheduler) Add(l *Lease, start time.Time, ttl time.Duration) {
 	case l.TTL > 0:
 		l.next = start.Add(l.TTL / 3)
 	}
-	s.leases.add(l)
+	s.leases.Push(l)
 	if (l.TTL > 0 || l.Claim > 0) && l.next.Before(l.deadline) {
 		s.arm(l.next)
 	} else {
@@ -229,10 +201,8 @@ func (s *Scheduler) Deadline(l *Lease) time.Time {
 // arrive (see Owner).
 func (s *Scheduler) Remove(l *Lease) {
 	s.mu.Lock()
-	if !l.removed {
-		l.removed = true
-		s.leases.remove(l)
-	}
+	l.removed = true
+	s.leases.Remove(l)
 	s.mu.Unlock()
 }
 
@@ -240,7 +210,7 @@ func (s *Scheduler) Remove(l *Lease) {
 func (s *Scheduler) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.leases.n
+	return s.leases.Len()
 }
 
 // Close stops the scheduler and waits for its goroutines, including renewals in flight. The
@@ -290,8 +260,8 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	var cbs []callback
 	if away := s.away(now); away > 0 {
 		s.awaySum += away
-		for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
-			after = l.lnext // l may leave the list
+		for l, after := s.leases.Front(), (*Lease)(nil); l != nil; l = after {
+			after = s.leases.Next(l) // l may leave the list
 			l.deadline = l.deadline.Add(-away)
 			if !now.Before(l.deadline) {
 				l.lastErr = fmt.Errorf("%w for %v", watchdog.ErrSuspended, away.Round(time.Millisecond))
@@ -312,8 +282,8 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	}
 	due := false
 	minTTL := time.Duration(0)
-	for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
-		after = l.lnext // l may leave the list
+	for l, after := s.leases.Front(), (*Lease)(nil); l != nil; l = after {
+		after = s.leases.Next(l) // l may leave the list
 		if !now.Before(l.deadline) {
 			cbs = append(cbs, s.end(l, Expired))
 			continue
@@ -333,8 +303,8 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 	if due && s.batches < maxBatches {
 		s.send(ctx, inflight, now)
 	}
-	for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
-		after = l.lnext // l may leave the list
+	for l, after := s.leases.Front(), (*Lease)(nil); l != nil; l = after {
+		after = s.leases.Next(l) // l may leave the list
 		if l.TTL == 0 && l.Claim == 0 {
 			continue
 		}
@@ -345,7 +315,7 @@ func (s *Scheduler) step(ctx context.Context, inflight *sync.WaitGroup) []callba
 			earlier(l.sentAt.Add(hedgeAfter(l.renewTTL())))
 		}
 	}
-	if s.leases.n > 0 {
+	if s.leases.Len() > 0 {
 		earlier(now.Add(min(max(minTTL/10, minHeartbeat), maxHeartbeat)))
 	}
 	s.wakeAt = next
@@ -410,8 +380,8 @@ func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time
 	}
 	var order []group
 	groups := make(map[group][]*Lease)
-	for l, after := s.leases.head, (*Lease)(nil); l != nil; l = after {
-		after = l.lnext // l may leave the list
+	for l, after := s.leases.Front(), (*Lease)(nil); l != nil; l = after {
+		after = s.leases.Next(l) // l may leave the list
 		if !s.renewable(l, now, l.renewTTL()/6) {
 			continue
 		}
@@ -506,7 +476,7 @@ func (s *Scheduler) settle(r batchResult) []callback {
 
 // end removes l and returns its Ended call. s.mu must be held.
 func (s *Scheduler) end(l *Lease, reason EndReason) callback {
-	s.leases.remove(l)
+	s.leases.Remove(l)
 	l.removed = true
 	o, err := l.Owner, l.lastErr
 	if o == nil {
