@@ -2,8 +2,12 @@ package guardtest
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
+
+	_ "github.com/go-sql-driver/mysql" // the driver mysqlstore runs on
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -13,13 +17,16 @@ import (
 	"github.com/guardlock/guard/internal/testserver"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/mongostore"
+	"github.com/guardlock/guard/mysqlstore"
+	"github.com/guardlock/guard/pgstore"
 	"github.com/guardlock/guard/redisstore"
 )
 
 // Server is a lock backend that tests run on: the server behind it, started for one test,
 // and the clients the test's service instances open to it.
 type Server struct {
-	// Name names the backend in subtest names: "memstore", "redis", "redis-cluster", "mongo".
+	// Name names the backend in subtest names: "memstore", "redis", "redis-cluster", "mongo",
+	// "postgres", "mariadb".
 	Name string
 	// Start starts what the backend needs for the test (a redis-server, a Cluster, FerretDB;
 	// nothing for memstore), stopped when the test ends. It returns open, which returns a new
@@ -36,6 +43,8 @@ func Servers() []Server {
 		{"redis", startRedis},
 		{"redis-cluster", startCluster},
 		{"mongo", startMongo},
+		{"postgres", startPostgres},
+		{"mariadb", startMariaDB},
 	}
 }
 
@@ -72,5 +81,46 @@ func startMongo(t *testing.T) func(*testing.T) guard.Backend {
 		}
 		t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
 		return mongostore.New(client.Database(srv.Database).Collection("locks"))
+	}
+}
+
+func startPostgres(t *testing.T) func(*testing.T) guard.Backend {
+	srv := testserver.StartPostgres(t)
+	table := "guard_locks"
+	first := true
+	return func(t *testing.T) guard.Backend {
+		pool, err := pgxpool.New(context.Background(), srv.DSN)
+		if err != nil {
+			t.Fatalf("guardtest: connect to %s: %v", srv.DSN, err)
+		}
+		t.Cleanup(pool.Close)
+		s := pgstore.New(pool, pgstore.WithTable(table))
+		if first {
+			if err := s.CreateTable(t.Context()); err != nil {
+				t.Fatalf("guardtest: create table: %v", err)
+			}
+			first = false
+		}
+		return s
+	}
+}
+
+func startMariaDB(t *testing.T) func(*testing.T) guard.Backend {
+	srv := testserver.StartMySQL(t)
+	first := true
+	return func(t *testing.T) guard.Backend {
+		db, err := sql.Open("mysql", srv.DSN)
+		if err != nil {
+			t.Fatalf("guardtest: open %s: %v", srv.DSN, err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		s := mysqlstore.New(db)
+		if first {
+			if err := s.CreateTable(t.Context()); err != nil {
+				t.Fatalf("guardtest: create table: %v", err)
+			}
+			first = false
+		}
+		return s
 	}
 }
