@@ -109,9 +109,9 @@ func (s *Store) inspectKeys(ctx context.Context, keys []string, prefix, next str
 	if len(items) == 0 {
 		return nil, next, nil
 	}
-	run := func(useSHA bool) {
+	run := func(useSHA bool, at []int) {
 		_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for i := range items {
+			for _, i := range at {
 				if useSHA {
 					items[i].cmd = inspectScript.EvalSha(ctx, pipe, s.keys(items[i].name)[:3])
 				} else {
@@ -121,9 +121,22 @@ func (s *Store) inspectKeys(ctx context.Context, keys []string, prefix, next str
 			return nil
 		})
 	}
-	run(true)
-	if isNoScript(items[0].cmd.Err()) {
-		run(false)
+	all := make([]int, len(items))
+	for i := range all {
+		all[i] = i
+	}
+	run(true, all)
+	// A master without the script (a restart, SCRIPT FLUSH) answers NOSCRIPT; in a Cluster a
+	// page can span masters, and only some of them may lack it. Send just those again with
+	// the script itself, which caches it there.
+	var retry []int
+	for i, it := range items {
+		if isNoScript(it.cmd.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		run(false, retry)
 	}
 	page := make([]guard.LockInfo, 0, len(items))
 	for _, it := range items {
