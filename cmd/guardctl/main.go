@@ -210,7 +210,8 @@ func (c *cli) run(ctx context.Context, fs *flag.FlagSet, args []string, stdin io
 // call runs one request to the backend under -timeout, and says in its error which operation
 // failed and on which backend.
 func (c *cli) call(ctx context.Context, op string, f func(context.Context) error) error {
-	reqCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	deadline := time.Now().Add(c.timeout)
+	reqCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	err := f(reqCtx)
 	switch {
@@ -220,7 +221,7 @@ func (c *cli) call(ctx context.Context, op string, f func(context.Context) error
 		return fmt.Errorf("%s: %w", op, err)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: interrupted: %w", op, ctx.Err())
-	case reqCtx.Err() != nil:
+	case !time.Now().Before(deadline): // a driver's I/O deadline may come before reqCtx's
 		if dialErr := c.backend.dials.lastError(); dialErr != nil {
 			return fmt.Errorf("%s: %s: no answer within %v (-timeout): %w; last error: %w", op, c.backend.url, c.timeout, err, dialErr)
 		}
