@@ -24,8 +24,9 @@ func openPTY(t *testing.T) (master, slave *os.File) {
 	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = master.Close() })
-	require.NoError(t, unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0)) // unlockpt
-	n, err := unix.IoctlGetUint32(int(master.Fd()), unix.TIOCGPTN)                    // ptsname
+	// unlockpt, then ptsname.
+	require.NoError(t, unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0))
+	n, err := unix.IoctlGetUint32(int(master.Fd()), unix.TIOCGPTN)
 	require.NoError(t, err)
 	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
 	require.NoError(t, err)
