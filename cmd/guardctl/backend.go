@@ -85,6 +85,9 @@ func usagef(format string, args ...any) error { return usageError{fmt.Errorf(for
 func parseBackend(raw string, prefix *string, timeout time.Duration) (*backend, error) {
 	b := &backend{url: redact(raw), timeout: timeout}
 	fail := func(err error) (*backend, error) {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			err = ue.Err // without the URL it quotes, password and all
+		}
 		return nil, usagef("-backend %s: %v", b.url, err)
 	}
 	if raw == "" {

@@ -144,6 +144,9 @@ func TestParseBackendErrors(t *testing.T) {
 		{"redis database not a number", "redis://cache:6379/x", nil, "invalid database number"},
 		{"redis unknown option", "redis://cache:6379?bogus=1", nil, "unexpected option: bogus"},
 		{"password never echoed", "redis://ops:s3cret@cache:6379/x", nil, "redis://ops:xxxxx@cache:6379/x"},
+		{"password never echoed by net/url", "redis://ops:s3cret@cache:port", nil, `invalid port ":port" after host`},
+		{"password never echoed by net/url, cluster", "redis+cluster://ops:s3cret@h1:port,h2", nil, `invalid port ":port" after host`},
+		{"password never echoed by net/url, mysql", "mysql://ops:s3%zzcret@db/app", nil, `invalid URL escape "%zz"`},
 		{"cluster with a database", "redis+cluster://h1:7000/2", nil, "no database number"},
 		{"cluster with an empty host", "redis+cluster://h1:7000,,h2:7001", nil, "empty host"},
 		{"sentinel without a master", "redis+sentinel://s1:26379", nil, "master_name"},
@@ -162,6 +165,7 @@ func TestParseBackendErrors(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 			assert.NotContains(t, err.Error(), "s3cret")
+			assert.NotContains(t, err.Error(), "s3%zzcret")
 			var u usageError
 			assert.True(t, errors.As(err, &u), "a bad URL is a usage error: %v", err)
 		})
