@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -54,44 +56,57 @@ func (s *Store) lockInfo(name string, reply any) (guard.LockInfo, error) {
 // List pages through the held locks whose names start with prefix with SCAN (never KEYS):
 // MATCH on the lock keys' prefix, TYPE hash to leave fence keys out, COUNT limit; then one
 // pipeline of inspect.lua for the page. In a Cluster it scans the masters one after the other,
-// in address order. The cursor is opaque: the master's index, SCAN's cursor, and how many
-// matches of that SCAN step earlier pages took (a page never holds more than limit). SCAN
-// returns every key that exists from the first page to the last, and may return one twice
-// when the server resizes its key table in between.
+// in address order.
+//
+// A page holds whole SCAN steps: a step whose keys would not fit is left for the next page,
+// which runs it again from its cursor — SCAN's guarantee (every key that exists from the first
+// step to the last is returned) holds for any cursor it gave, whatever changed in between. A
+// page never resumes in the middle of a step by counting what it returned: a key released, or
+// a resize of the server's table, changes what a step returns, and the count would skip a key
+// that stays held. Only a step that alone holds more than limit keys is split: its keys go out
+// in order, and the cursor carries the keys already returned, which the step's next run leaves
+// out. SCAN may return a key twice when the server resizes its table between pages.
 func (s *Store) List(ctx context.Context, prefix, cursor string, limit int) ([]guard.LockInfo, string, error) {
 	limit = max(limit, 1)
 	nodes, err := s.masters(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	node, scan, skip, err := parseCursor(cursor)
-	if err != nil || node >= len(nodes) {
+	c, err := parseCursor(cursor)
+	if err != nil || c.node >= len(nodes) {
 		return nil, "", fmt.Errorf("redisstore: bad list cursor %q", cursor)
 	}
 	pattern := s.matchPattern(prefix)
 	var keys []string
 	const maxSteps = 16 // SCAN steps per page: a sparse prefix returns a short page, not a slow one
-	for step := 0; step < maxSteps && len(keys) < limit; step++ {
-		got, next, err := nodes[node].ScanType(ctx, scan, pattern, int64(limit), "hash").Result()
+	for step := 0; step < maxSteps; step++ {
+		got, next, err := nodes[c.node].ScanType(ctx, c.scan, pattern, int64(limit), "hash").Result()
 		if err != nil {
 			return nil, "", err
 		}
-		got = got[min(skip, len(got)):]
-		if room := limit - len(keys); len(got) > room {
-			keys = append(keys, got[:room]...)
-			skip += room
-			return s.inspectKeys(ctx, keys, prefix, formatCursor(node, scan, skip))
+		if len(c.returned) > 0 {
+			got = slices.DeleteFunc(got, func(k string) bool { return slices.Contains(c.returned, k) })
+		}
+		if len(keys)+len(got) > limit {
+			if len(keys) > 0 {
+				return s.inspectKeys(ctx, keys, prefix, listCursor{node: c.node, scan: c.scan}.String())
+			}
+			// This step alone holds more than a page.
+			slices.Sort(got)
+			got = got[:limit]
+			c.returned = append(c.returned, got...)
+			return s.inspectKeys(ctx, got, prefix, c.String())
 		}
 		keys = append(keys, got...)
-		scan, skip = next, 0
-		if scan == 0 {
-			node++
-			if node == len(nodes) {
+		c = listCursor{node: c.node, scan: next}
+		if c.scan == 0 {
+			c.node++
+			if c.node == len(nodes) {
 				return s.inspectKeys(ctx, keys, prefix, "")
 			}
 		}
 	}
-	return s.inspectKeys(ctx, keys, prefix, formatCursor(node, scan, skip))
+	return s.inspectKeys(ctx, keys, prefix, c.String())
 }
 
 // inspectKeys inspects the lock keys of a page and keeps the held ones under prefix.
@@ -109,9 +124,9 @@ func (s *Store) inspectKeys(ctx context.Context, keys []string, prefix, next str
 	if len(items) == 0 {
 		return nil, next, nil
 	}
-	run := func(useSHA bool) {
+	run := func(useSHA bool, at []int) {
 		_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for i := range items {
+			for _, i := range at {
 				if useSHA {
 					items[i].cmd = inspectScript.EvalSha(ctx, pipe, s.keys(items[i].name)[:3])
 				} else {
@@ -121,9 +136,22 @@ func (s *Store) inspectKeys(ctx context.Context, keys []string, prefix, next str
 			return nil
 		})
 	}
-	run(true)
-	if isNoScript(items[0].cmd.Err()) {
-		run(false)
+	all := make([]int, len(items))
+	for i := range all {
+		all[i] = i
+	}
+	run(true, all)
+	// A master without the script (a restart, SCRIPT FLUSH) answers NOSCRIPT; in a Cluster a
+	// page can span masters, and only some of them may lack it. Send just those again with
+	// the script itself, which caches it there.
+	var retry []int
+	for i, it := range items {
+		if isNoScript(it.cmd.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		run(false, retry)
 	}
 	page := make([]guard.LockInfo, 0, len(items))
 	for _, it := range items {
@@ -186,28 +214,51 @@ func (s *Store) matchPattern(prefix string) string {
 	return b.String()
 }
 
-func formatCursor(node int, scan uint64, skip int) string {
-	return fmt.Sprintf("%d.%d.%d", node, scan, skip)
+// listCursor is where List goes on: the master's index, SCAN's cursor on it, and the keys
+// that earlier pages returned of the step at that cursor (only when one step held more than a
+// page).
+type listCursor struct {
+	node     int
+	scan     uint64
+	returned []string
 }
 
-func parseCursor(c string) (node int, scan uint64, skip int, err error) {
-	if c == "" {
-		return 0, 0, 0, nil
+// String returns the cursor as List hands it out: "node.scan", then ".key" for each key
+// returned, in base64url.
+func (c listCursor) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d.%d", c.node, c.scan)
+	for _, k := range c.returned {
+		b.WriteByte('.')
+		b.WriteString(base64.RawURLEncoding.EncodeToString([]byte(k)))
 	}
-	parts := strings.Split(c, ".")
-	if len(parts) != 3 {
-		return 0, 0, 0, fmt.Errorf("bad cursor")
+	return b.String()
+}
+
+func parseCursor(s string) (listCursor, error) {
+	var c listCursor
+	if s == "" {
+		return c, nil
 	}
-	if node, err = strconv.Atoi(parts[0]); err != nil || node < 0 {
-		return 0, 0, 0, fmt.Errorf("bad cursor")
+	parts := strings.Split(s, ".")
+	if len(parts) < 2 {
+		return c, errors.New("bad cursor")
 	}
-	if scan, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
-		return 0, 0, 0, err
+	var err error
+	if c.node, err = strconv.Atoi(parts[0]); err != nil || c.node < 0 {
+		return c, errors.New("bad cursor")
 	}
-	if skip, err = strconv.Atoi(parts[2]); err != nil || skip < 0 {
-		return 0, 0, 0, fmt.Errorf("bad cursor")
+	if c.scan, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return c, err
 	}
-	return node, scan, skip, nil
+	for _, p := range parts[2:] {
+		k, err := base64.RawURLEncoding.DecodeString(p)
+		if err != nil {
+			return c, err
+		}
+		c.returned = append(c.returned, string(k))
+	}
+	return c, nil
 }
 
 // ForceRelease frees name whoever holds it: one EVALSHA of release.lua, forced, which keeps the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -168,10 +169,13 @@ func (d *deployment) resetStats(t testing.TB) {
 	d.eachMaster(t, func(c *redis.Client) error { return c.ConfigResetStat(t.Context()).Err() })
 }
 
-// flushScripts empties the script cache of every master.
-func (d *deployment) flushScripts(t testing.TB) {
+// flushScripts empties the script cache of masters, or of every master when none is given.
+func (d *deployment) flushScripts(t testing.TB, masters ...string) {
 	t.Helper()
-	d.eachMaster(t, func(c *redis.Client) error { return c.ScriptFlush(t.Context()).Err() })
+	if len(masters) == 0 {
+		masters = d.masters
+	}
+	require.NoError(t, testserver.EachNode(masters, func(c *redis.Client) error { return c.ScriptFlush(t.Context()).Err() }))
 }
 
 // eachMaster calls f with a client of each master of d.
@@ -584,6 +588,29 @@ func testNoScript(t *testing.T, d *deployment) {
 	for _, n := range names[1:] {
 		require.NoError(t, s.Release(ctx, n, "tok", 0))
 	}
+
+	// List after a SCRIPT FLUSH on every master but the first one it scans (in a Cluster; the
+	// only one otherwise): a page whose locks lie on several masters gets NOSCRIPT for some
+	// of them only.
+	listed := make([]string, 30)
+	for i := range listed {
+		listed[i] = uniqueName(t, fmt.Sprintf("list%02d", i))
+		_, err := s.Acquire(ctx, guard.Request{Name: listed[i], Token: "tok", TTL: time.Minute})
+		require.NoError(t, err)
+	}
+	require.Equal(t, len(d.masters), d.mastersOf(t, s, listed), "the names must lie on every master")
+	prefix := uniqueName(t, "list")
+	_, _, err := s.List(ctx, prefix, "", len(listed)) // caches inspect.lua on every master
+	require.NoError(t, err)
+	masters := slices.Sorted(slices.Values(d.masters)) // List scans them in address order
+	if len(masters) > 1 {
+		masters = masters[1:]
+	}
+	d.flushScripts(t, masters...)
+	page, next, err := s.List(ctx, prefix, "", len(listed))
+	require.NoError(t, err, "list after SCRIPT FLUSH on some masters")
+	assert.Len(t, page, len(listed))
+	assert.Empty(t, next)
 }
 
 // testNames takes names with Cluster hash-tag braces, control bytes and the longest length:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log"
 	"net/http"
 	"os"
 	"regexp"
@@ -51,7 +52,9 @@ func quickStart(ctx context.Context, id string) error {
 
 	// A scheduled job that runs once per tick across instances (hold half the period).
 	report := decorators.MustJob(g, "report:nightly", buildReport, guard.MinHold(12*time.Hour))
-	if err := report(ctx); errors.Is(err, guard.ErrNotAcquired) { /* another instance has it */ }
+	if err := report(ctx); err != nil && !errors.Is(err, guard.ErrNotAcquired) {
+		log.Print(err) // ErrNotAcquired: another instance had the tick
+	}
 
 	// The same with gocron v2: every run of every job is locked by its name.
 	locker, _ := gocronlock.NewLocker(g)

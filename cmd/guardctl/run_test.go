@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRunCommandLine runs the command in-process on command lines that never reach a backend.
+func TestRunCommandLine(t *testing.T) {
+	t.Setenv(backendEnv, "")
+	const backend = "redis://127.0.0.1:1"
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string // in stderr, or in stdout when code is 0
+	}{
+		{"help", []string{"-h"}, 0, "usage: guardctl [flags] command"},
+		{"help after the command", []string{"list", "-help"}, 0, "redis+cluster://"},
+		{"no command", []string{"-backend", backend}, 2, "no command: list, show, release or watch"},
+		{"unknown command", []string{"-backend", backend, "unlock", "x"}, 2, `unknown command "unlock"`},
+		{"show without a name", []string{"-backend", backend, "show"}, 2, "show takes NAME, not 0 arguments"},
+		{"release with two names", []string{"-backend", backend, "release", "a", "b"}, 2, "release takes NAME, not 2 arguments"},
+		{"list with two prefixes", []string{"-backend", backend, "list", "a", "b"}, 2, "list takes [prefix]"},
+		{"a flag after the command", []string{"-backend", backend, "release", "a", "-yes"}, 2, "flags go before the command: guardctl -yes release"},
+		{"an unknown flag", []string{"-backend", backend, "-force", "release", "a"}, 2, "flag provided but not defined: -force"},
+		{"a bad duration", []string{"-timeout", "soon", "list"}, 2, `invalid value "soon" for flag -timeout`},
+		{"no timeout", []string{"-backend", backend, "-timeout", "0s", "list"}, 2, "-timeout must be positive"},
+		{"no interval", []string{"-backend", backend, "-interval", "-1s", "watch"}, 2, "-interval must be positive"},
+		{"no backend", []string{"list"}, 2, "give -backend URL or set GUARDCTL_BACKEND"},
+		{"unknown scheme", []string{"-backend", "etcd://127.0.0.1:2379", "list"}, 2, `unknown scheme "etcd"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), tt.args, strings.NewReader(""), &stdout, &stderr)
+			require.Equal(t, tt.code, code, "stdout: %s\nstderr: %s", &stdout, &stderr)
+			if tt.code == 0 {
+				assert.Contains(t, stdout.String(), tt.want)
+				assert.Empty(t, stderr.String())
+				return
+			}
+			assert.Empty(t, stdout.String())
+			assertOneLine(t, stderr.String(), tt.want)
+			assert.True(t, strings.HasSuffix(stderr.String(), " (guardctl -h for usage)\n"), stderr.String())
+		})
+	}
+}
+
+// TestRunBackendFromEnvironment checks that GUARDCTL_BACKEND stands in for -backend.
+func TestRunBackendFromEnvironment(t *testing.T) {
+	t.Setenv(backendEnv, "etcd://127.0.0.1:2379")
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, run(t.Context(), []string{"list"}, nil, &stdout, &stderr))
+	assertOneLine(t, stderr.String(), `unknown scheme "etcd"`)
+}
+
+// assertOneLine checks that stderr is one line of guardctl's, which says want.
+func assertOneLine(t *testing.T, stderr, want string) {
+	t.Helper()
+	assert.True(t, strings.HasPrefix(stderr, "guardctl: "), "stderr: %q", stderr)
+	assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+	assert.True(t, strings.HasSuffix(stderr, "\n"), "stderr: %q", stderr)
+	assert.Contains(t, stderr, want)
+	for _, s := range []string{"panic", "goroutine ", "DATA RACE"} {
+		assert.NotContains(t, stderr, s)
+	}
+}
