@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/lockname"
 )
 
 // Func returns fn wrapped so that each call holds the lock named by rendering template with
@@ -29,13 +31,13 @@ func Func[A, R any](g *guard.Guard, template string, fn func(context.Context, A)
 	if err != nil {
 		return nil, err
 	}
-	acq, err := lockOptions(template, opts)
+	acq, err := lockname.CallOptions(template, opts)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, a A) (R, error) {
 		var r R
-		name, err := n.name(a)
+		name, err := n.Name(reflect.ValueOf(&a).Elem())
 		if err != nil {
 			return r, err
 		}
@@ -76,7 +78,7 @@ func Job(g *guard.Guard, name string, fn func(context.Context) error, opts ...gu
 	if err := guard.CheckName(name); err != nil {
 		return nil, err
 	}
-	acq, err := lockOptions(name, opts)
+	acq, err := lockname.CallOptions(name, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -93,17 +95,6 @@ func MustJob(g *guard.Guard, name string, fn func(context.Context) error, opts .
 		panic(mustMessage(err))
 	}
 	return f
-}
-
-// lockOptions checks opts and returns the options of every acquisition: one attempt and the
-// template as telemetry label by default, then the caller's options, which override them.
-func lockOptions(label string, opts []guard.LockOption) ([]guard.LockOption, error) {
-	if err := guard.CheckLockOptions(opts...); err != nil {
-		return nil, err
-	}
-	acq := make([]guard.LockOption, 0, len(opts)+2)
-	acq = append(acq, guard.WaitTime(0), guard.Label(label))
-	return append(acq, opts...), nil
 }
 
 func mustMessage(err error) string {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/lockname"
 )
 
 // Lock returns a middleware that holds the lock named by rendering template from each request
@@ -15,7 +16,11 @@ import (
 func Lock(g *guard.Guard, template string, opts ...guard.LockOption) func(http.Handler) http.Handler {
 	key, err := compileTemplate(template)
 	if err != nil {
-		panic(fmt.Sprintf("guard/middleware: Lock(%q): %v", template, err))
+		reason := err.Error()
+		if ne, ok := errors.AsType[*guard.NameError](err); ok {
+			reason = ne.Reason
+		}
+		panic(fmt.Sprintf("guard/middleware: Lock(%q): %s", template, reason))
 	}
 	return newLocker("Lock", g, template, key, opts).wrap
 }
@@ -56,10 +61,11 @@ func newLocker(caller string, g *guard.Guard, label string, key func(*http.Reque
 	if g == nil {
 		fail("nil *guard.Guard")
 	}
-	if err := guard.CheckLockOptions(opts...); err != nil {
+	acq, err := lockname.CallOptions(label, opts)
+	if err != nil {
 		fail("%v", err)
 	}
-	m := &locker{g: g, key: key, cfg: config{busyStatus: http.StatusLocked}}
+	m := &locker{g: g, key: key, acq: acq, cfg: config{busyStatus: http.StatusLocked}}
 	for _, o := range opts {
 		if o, ok := o.(Option); ok && o.set != nil {
 			o.set(&m.cfg)
@@ -68,9 +74,6 @@ func newLocker(caller string, g *guard.Guard, label string, key func(*http.Reque
 	if c := m.cfg.busyStatus; c < 400 || c > 599 {
 		fail("BusyStatus(%d): not a 4xx or 5xx status", c)
 	}
-	m.acq = make([]guard.LockOption, 0, len(opts)+2)
-	m.acq = append(m.acq, guard.WaitTime(0), guard.Label(label))
-	m.acq = append(m.acq, opts...)
 	return m
 }
 

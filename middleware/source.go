@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,12 +8,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/internal/lockname"
 )
-
-// source reads one placeholder's value from a request.
-type source func(*request) string
 
 // request is a request being named, with its query parsed at most once.
 type request struct {
@@ -22,48 +17,19 @@ type request struct {
 	query url.Values // nil until a query source asks
 }
 
+// source reads one placeholder's value from a request.
+type source = lockname.Source[*request]
+
 // compileTemplate parses template and binds each placeholder to its request source. The
-// returned function renders a request's lock name, or returns a *guard.NameError.
+// returned function renders a request's lock name, or returns a *guard.NameError. A bad
+// template is a *guard.NameError too.
 func compileTemplate(template string) (func(*http.Request) (string, error), error) {
-	tmpl, err := lockname.Parse(template)
+	n, err := lockname.Bind(template, compileSource)
 	if err != nil {
-		if se, ok := errors.AsType[*lockname.SyntaxError](err); ok {
-			return nil, fmt.Errorf("%s (at byte %d)", se.Msg, se.Offset)
-		}
 		return nil, err
 	}
-	keys := tmpl.Keys()
-	if len(keys) == 0 {
-		name, _ := tmpl.Render(nil)
-		if err := guard.CheckName(name); err != nil {
-			return nil, err
-		}
-		return func(*http.Request) (string, error) { return name, nil }, nil
-	}
-	sources := make([]source, len(keys))
-	for i, key := range keys {
-		if sources[i], err = compileSource(key); err != nil {
-			return nil, fmt.Errorf("{%s}: %w", key, err)
-		}
-	}
 	return func(r *http.Request) (string, error) {
-		req := request{r: r}
-		vals := make([]string, len(sources))
-		for i, src := range sources {
-			vals[i] = src(&req)
-		}
-		name, err := tmpl.Render(vals)
-		if err != nil {
-			reason := err.Error()
-			if ve, ok := errors.AsType[*lockname.ValueError](err); ok {
-				reason = fmt.Sprintf("{%s}: %s", ve.Key, ve.Reason)
-			}
-			return "", &guard.NameError{Name: template, Reason: reason}
-		}
-		if err := guard.CheckName(name); err != nil {
-			return "", err
-		}
-		return name, nil
+		return n.Name(&request{r: r})
 	}, nil
 }
 
@@ -73,7 +39,7 @@ func compileSource(key string) (source, error) {
 	if !dotted {
 		switch key {
 		case "method":
-			return func(q *request) string { return q.r.Method }, nil
+			return func(q *request) (string, error) { return q.r.Method, nil }, nil
 		case "route":
 			return routePattern, nil
 		}
@@ -87,24 +53,24 @@ func compileSource(key string) (source, error) {
 		if !isParamName(name) {
 			return nil, fmt.Errorf("%q is not a path parameter name (letters, digits, '_', '-', or chi's '*')", name)
 		}
-		return func(q *request) string { return pathValue(q.r, name) }, nil
+		return func(q *request) (string, error) { return pathValue(q.r, name), nil }, nil
 	case "query":
-		return func(q *request) string {
+		return func(q *request) (string, error) {
 			if q.query == nil {
 				q.query = q.r.URL.Query()
 			}
-			return q.query.Get(name)
+			return q.query.Get(name), nil
 		}, nil
 	case "header":
 		if !isToken(name) {
 			return nil, fmt.Errorf("%q is not a header name", name)
 		}
 		name = http.CanonicalHeaderKey(name)
-		return func(q *request) string {
+		return func(q *request) (string, error) {
 			if v := q.r.Header[name]; len(v) > 0 {
-				return v[0]
+				return v[0], nil
 			}
-			return ""
+			return "", nil
 		}, nil
 	}
 	return nil, fmt.Errorf("unknown request source %q (want a path parameter name, method, route, or path., query., header. and a name)", kind)
@@ -122,13 +88,13 @@ func pathValue(r *http.Request, name string) string {
 }
 
 // routePattern returns the pattern of the route that matched: chi's, else the ServeMux's.
-func routePattern(q *request) string {
+func routePattern(q *request) (string, error) {
 	if rc := chi.RouteContext(q.r.Context()); rc != nil {
 		if p := rc.RoutePattern(); p != "" {
-			return p
+			return p, nil
 		}
 	}
-	return q.r.Pattern
+	return q.r.Pattern, nil
 }
 
 func isParamName(s string) bool {
