@@ -16,10 +16,14 @@ import (
 // *guard.OptionError for a bad option.
 //
 // A call of the returned function renders the name, takes the lock (one attempt unless opts
-// have guard.WaitTime), runs fn under the lock's context and releases the lock. It returns fn's
-// results, or the zero R and: a *guard.NameError when the name cannot be rendered (empty value,
-// nil pointer, too long); an error matching guard.ErrNotAcquired when the lock is busy; or the
-// other errors of guard.Guard.Do.
+// have guard.WaitTime), runs fn under the lock's context and releases the lock, as
+// guard.Guard.Do does. When fn ran, it returns fn's results, its error joined with
+// guard.ErrLockLost or guard.ErrLeaseExpired when the lock was lost meanwhile or found gone
+// at release; a release that fails otherwise (the backend is unreachable) is not the call's
+// error but the observer's to report. When fn did not run, it returns the zero R and: a
+// *guard.NameError when the name cannot be rendered (empty value, nil pointer, too long); an
+// error matching guard.ErrNotAcquired when the lock is busy; or the other errors of
+// guard.Guard.Acquire.
 func Func[A, R any](g *guard.Guard, template string, fn func(context.Context, A) (R, error), opts ...guard.LockOption) (func(context.Context, A) (R, error), error) {
 	if g == nil {
 		return nil, errors.New("guard/decorators: nil *guard.Guard")
@@ -65,9 +69,9 @@ func MustFunc[A, R any](g *guard.Guard, template string, fn func(context.Context
 // guard.MinHold(window) the job runs once per window across instances. Job returns a
 // *guard.NameError for a bad name and a *guard.OptionError for a bad option.
 //
-// A call of the returned function returns fn's error, or an error matching
-// guard.ErrNotAcquired when the lock is busy (another instance runs the job), or the other
-// errors of guard.Guard.Do.
+// A call of the returned function returns what guard.Guard.Do returns: fn's error (joined
+// with the cause when the lock was lost), or an error matching guard.ErrNotAcquired when the
+// lock is busy (another instance runs the job), or the other errors of acquiring it.
 func Job(g *guard.Guard, name string, fn func(context.Context) error, opts ...guard.LockOption) (func(context.Context) error, error) {
 	if g == nil {
 		return nil, errors.New("guard/decorators: nil *guard.Guard")
