@@ -83,6 +83,9 @@ func newLocker(caller string, g *guard.Guard, label string, opts []guard.LockOpt
 	if c := m.cfg.busyStatus; c < 400 || c > 599 {
 		fail("BusyStatus(%d): not a 4xx or 5xx status", c)
 	}
+	if m.cfg.onBusySet && m.cfg.onBusy == nil {
+		fail("OnBusy(nil)")
+	}
 	if m.cfg.pathValuesSet && m.cfg.pathValues == nil {
 		fail("PathValues(nil)")
 	}

@@ -470,6 +470,9 @@ func (failing) Release(context.Context, string, string, time.Duration) error { r
 func TestConstructionPanics(t *testing.T) {
 	g := guard.New(failing{})
 	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	assert.NotPanics(t, func() {
+		_ = []guard.LockOption{middleware.BusyStatus(200), middleware.OnBusy(nil), middleware.PathValues(nil), guard.WaitTime(-1)}
+	}, "options only record their values: Lock checks them")
 	tests := []struct {
 		name  string
 		build func()
@@ -488,6 +491,9 @@ func TestConstructionPanics(t *testing.T) {
 		{"bad status", func() { middleware.Lock(g, "a:{id}", middleware.BusyStatus(200)) }, "BusyStatus(200)"},
 		{"nil guard", func() { middleware.Lock(nil, "a:{id}") }, "nil *guard.Guard"},
 		{"nil PathValues", func() { middleware.Lock(g, "a:{id}", middleware.PathValues(nil)) }, "PathValues(nil)"},
+		{"nil OnBusy", func() {
+			middleware.LockFunc(g, "k", func(*http.Request) (string, error) { return "k", nil }, middleware.OnBusy(nil))
+		}, "OnBusy(nil)"},
 		{"nil handler", func() { middleware.Lock(g, "a:{id}")(nil) }, "nil http.Handler"},
 		{"nil key", func() { middleware.LockFunc(g, "k", nil) }, "nil key function"},
 		{"no label", func() {

@@ -18,6 +18,7 @@ type Option struct {
 type config struct {
 	busyStatus    int
 	onBusy        func(http.ResponseWriter, *http.Request, error)
+	onBusySet     bool // OnBusy was given, perhaps with nil
 	pathValues    func(*http.Request, string) (string, bool)
 	pathValuesSet bool // PathValues was given, perhaps with nil
 }
@@ -31,9 +32,9 @@ func BusyStatus(code int) Option {
 // OnBusy replaces the response to a busy lock: h is called instead, with an error that matches
 // guard.ErrNotAcquired (errors.As gives a *guard.BusyError with the holder's remaining lease,
 // when known). The handler is not called. Default: a problem response with the BusyStatus
-// status and Retry-After.
+// status and Retry-After. h must not be nil.
 func OnBusy(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
-	return Option{set: func(c *config) { c.onBusy = h }}
+	return Option{set: func(c *config) { c.onBusy, c.onBusySet = h, true }}
 }
 
 // PathValues makes Lock read the template's path parameters with fn, for routers that keep
