@@ -4,39 +4,15 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/decorators"
+	"github.com/guardlock/guard/internal/guardtest"
 	"github.com/guardlock/guard/memstore"
 )
-
-// releaseFails is a backend whose releases fail with err: the server went away, or the lock
-// was found gone (guard.ErrNotHeld).
-type releaseFails struct {
-	guard.Backend
-	err error
-}
-
-func (b releaseFails) Release(context.Context, string, string, time.Duration) error { return b.err }
-
-// releases is an Observer that passes on the error of each release.
-type releases chan error
-
-func (releases) AcquireStart(ctx context.Context, _ *guard.Acquisition) context.Context { return ctx }
-
-func (releases) AcquireEnd(ctx context.Context, _ *guard.Acquisition, _ *guard.Lock, _ error) context.Context {
-	return ctx
-}
-
-func (o releases) LockEvent(_ *guard.Lock, e guard.LockEvent) {
-	if e.Kind == guard.EventReleased {
-		o <- e.Err
-	}
-}
 
 // After the work succeeded, a release that fails because the backend is unreachable is not
 // the call's error: the call returns the function's results, and the observer hears of it.
@@ -52,8 +28,8 @@ func TestReleaseFailsAfterWork(t *testing.T) {
 		{"lock found gone", guard.ErrNotHeld, guard.ErrLockLost},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			obs := make(releases, 2)
-			g := guard.New(releaseFails{memstore.New(), tc.release}, guard.WithObserver(obs))
+			obs := make(guardtest.Releases, 2)
+			g := guard.New(guardtest.ReleaseFails{Backend: memstore.New(), Err: tc.release}, guard.WithObserver(obs))
 			t.Cleanup(func() { _ = g.Close(context.Background()) })
 
 			f := decorators.MustFunc(g, "orders:{ID}", func(ctx context.Context, o Order) (string, error) {

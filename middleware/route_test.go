@@ -237,30 +237,6 @@ func testEncodedSerializes(t *testing.T, newGuard guardtest.Factory) {
 	})
 }
 
-// releaseFails is a backend whose releases fail with err after the work: the server went
-// away (err is a driver error), or the lock was found gone (guard.ErrNotHeld).
-type releaseFails struct {
-	guard.Backend
-	err error
-}
-
-func (b releaseFails) Release(context.Context, string, string, time.Duration) error { return b.err }
-
-// releases is an Observer that passes on the error of each release.
-type releases chan error
-
-func (releases) AcquireStart(ctx context.Context, _ *guard.Acquisition) context.Context { return ctx }
-
-func (releases) AcquireEnd(ctx context.Context, _ *guard.Acquisition, _ *guard.Lock, _ error) context.Context {
-	return ctx
-}
-
-func (o releases) LockEvent(_ *guard.Lock, e guard.LockEvent) {
-	if e.Kind == guard.EventReleased {
-		o <- e.Err
-	}
-}
-
 // A release that fails after the handler answered leaves the answer as it is: the work is
 // done (guard.Guard.Do). The observer hears of the failure.
 func TestReleaseFailsAfterHandler(t *testing.T) {
@@ -272,8 +248,8 @@ func TestReleaseFailsAfterHandler(t *testing.T) {
 		{"lock found gone", guard.ErrNotHeld},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			obs := make(releases, 1)
-			g := guard.New(releaseFails{memstore.New(), tc.err}, guard.WithObserver(obs))
+			obs := make(guardtest.Releases, 1)
+			g := guard.New(guardtest.ReleaseFails{Backend: memstore.New(), Err: tc.err}, guard.WithObserver(obs))
 			t.Cleanup(func() { _ = g.Close(context.Background()) })
 			mux := http.NewServeMux()
 			mux.Handle("POST /accounts/{id}/withdraw", middleware.Lock(g, "account:{id}")(
