@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/lockname"
 )
 
 // Func returns fn wrapped so that each call holds the lock named by rendering template with
@@ -14,10 +16,14 @@ import (
 // *guard.OptionError for a bad option.
 //
 // A call of the returned function renders the name, takes the lock (one attempt unless opts
-// have guard.WaitTime), runs fn under the lock's context and releases the lock. It returns fn's
-// results, or the zero R and: a *guard.NameError when the name cannot be rendered (empty value,
-// nil pointer, too long); an error matching guard.ErrNotAcquired when the lock is busy; or the
-// other errors of guard.Guard.Do.
+// have guard.WaitTime), runs fn under the lock's context and releases the lock, as
+// guard.Guard.Do does. When fn ran, it returns fn's results, its error joined with
+// guard.ErrLockLost or guard.ErrLeaseExpired when the lock was lost meanwhile or found gone
+// at release; a release that fails otherwise (the backend is unreachable) is not the call's
+// error but the observer's to report. When fn did not run, it returns the zero R and: a
+// *guard.NameError when the name cannot be rendered (empty value, nil pointer, too long); an
+// error matching guard.ErrNotAcquired when the lock is busy; or the other errors of
+// guard.Guard.Acquire.
 func Func[A, R any](g *guard.Guard, template string, fn func(context.Context, A) (R, error), opts ...guard.LockOption) (func(context.Context, A) (R, error), error) {
 	if g == nil {
 		return nil, errors.New("guard/decorators: nil *guard.Guard")
@@ -29,13 +35,13 @@ func Func[A, R any](g *guard.Guard, template string, fn func(context.Context, A)
 	if err != nil {
 		return nil, err
 	}
-	acq, err := lockOptions(template, opts)
+	acq, err := lockname.CallOptions(template, opts)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, a A) (R, error) {
 		var r R
-		name, err := n.name(a)
+		name, err := n.Name(reflect.ValueOf(&a).Elem())
 		if err != nil {
 			return r, err
 		}
@@ -63,9 +69,9 @@ func MustFunc[A, R any](g *guard.Guard, template string, fn func(context.Context
 // guard.MinHold(window) the job runs once per window across instances. Job returns a
 // *guard.NameError for a bad name and a *guard.OptionError for a bad option.
 //
-// A call of the returned function returns fn's error, or an error matching
-// guard.ErrNotAcquired when the lock is busy (another instance runs the job), or the other
-// errors of guard.Guard.Do.
+// A call of the returned function returns what guard.Guard.Do returns: fn's error (joined
+// with the cause when the lock was lost), or an error matching guard.ErrNotAcquired when the
+// lock is busy (another instance runs the job), or the other errors of acquiring it.
 func Job(g *guard.Guard, name string, fn func(context.Context) error, opts ...guard.LockOption) (func(context.Context) error, error) {
 	if g == nil {
 		return nil, errors.New("guard/decorators: nil *guard.Guard")
@@ -76,7 +82,7 @@ func Job(g *guard.Guard, name string, fn func(context.Context) error, opts ...gu
 	if err := guard.CheckName(name); err != nil {
 		return nil, err
 	}
-	acq, err := lockOptions(name, opts)
+	acq, err := lockname.CallOptions(name, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -93,17 +99,6 @@ func MustJob(g *guard.Guard, name string, fn func(context.Context) error, opts .
 		panic(mustMessage(err))
 	}
 	return f
-}
-
-// lockOptions checks opts and returns the options of every acquisition: one attempt and the
-// template as telemetry label by default, then the caller's options, which override them.
-func lockOptions(label string, opts []guard.LockOption) ([]guard.LockOption, error) {
-	if err := guard.CheckLockOptions(opts...); err != nil {
-		return nil, err
-	}
-	acq := make([]guard.LockOption, 0, len(opts)+2)
-	acq = append(acq, guard.WaitTime(0), guard.Label(label))
-	return append(acq, opts...), nil
 }
 
 func mustMessage(err error) string {

@@ -48,9 +48,12 @@
 // when the lock is lost. A decorated call made under that context on the same name (a nested
 // or recursive call) re-enters the lock instead of waiting for itself. The lock is released
 // when the function returns or panics (the panic goes on), with a context that ignores the
-// caller's cancellation, as guard.Guard.Do does; when the lock was lost while the function
-// ran, the returned error matches guard.ErrLockLost or guard.ErrLeaseExpired even if the
-// function returned nil.
+// caller's cancellation. What a call returns after the function ran is what guard.Guard.Do
+// returns: when the lock was lost while the function ran, or found gone at release, the error
+// matches guard.ErrLockLost or guard.ErrLeaseExpired even if the function returned nil; a
+// release that fails for another reason (the backend went away) is not returned, since the
+// work is done, and the observer hears of it. docs/semantics.md ("Cancellation and release")
+// says why.
 //
 // # Scheduled jobs and batches
 //

@@ -8,16 +8,20 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/internal/lockname"
 )
 
-// namer renders lock names for arguments of type A. The field paths are resolved against A
-// once, in newNamer; a call only walks them.
-type namer[A any] struct {
-	tmpl  *lockname.Template
-	keys  []string    // the template's placeholder keys
-	paths []fieldPath // one per key
+// newNamer compiles template against A: each placeholder is a field path, resolved once here;
+// a call only walks it. It returns a *guard.NameError naming the template.
+func newNamer[A any](template string) (*lockname.Namer[reflect.Value], error) {
+	typ := reflect.TypeFor[A]()
+	return lockname.Bind(template, func(key string) (lockname.Source[reflect.Value], error) {
+		p, err := compilePath(typ, key)
+		if err != nil {
+			return nil, err
+		}
+		return p.value, nil
+	})
 }
 
 // fieldPath reaches one placeholder's value from the argument.
@@ -41,65 +45,6 @@ var (
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 	stringerType      = reflect.TypeFor[fmt.Stringer]()
 )
-
-// newNamer compiles template against A. It returns a *guard.NameError naming the template.
-func newNamer[A any](template string) (*namer[A], error) {
-	bad := func(reason string) (*namer[A], error) {
-		return nil, &guard.NameError{Name: template, Reason: reason}
-	}
-	tmpl, err := lockname.Parse(template)
-	if err != nil {
-		if se, ok := errors.AsType[*lockname.SyntaxError](err); ok {
-			return bad(fmt.Sprintf("%s (at byte %d)", se.Msg, se.Offset))
-		}
-		return bad(err.Error())
-	}
-	n := &namer[A]{tmpl: tmpl, keys: tmpl.Keys()}
-	typ := reflect.TypeFor[A]()
-	for _, key := range n.keys {
-		p, err := compilePath(typ, key)
-		if err != nil {
-			return bad(fmt.Sprintf("{%s}: %v", key, err))
-		}
-		n.paths = append(n.paths, p)
-	}
-	if len(n.paths) == 0 {
-		// A fixed name: check it now rather than on every call.
-		name, _ := tmpl.Render(nil)
-		if err := guard.CheckName(name); err != nil {
-			return nil, err
-		}
-	}
-	return n, nil
-}
-
-// name renders the lock name for a. It returns a *guard.NameError when a value is missing or
-// empty or the name is too long.
-func (n *namer[A]) name(a A) (string, error) {
-	arg := reflect.ValueOf(&a).Elem()
-	var vals []string
-	if len(n.paths) > 0 {
-		vals = make([]string, len(n.paths))
-	}
-	for i, p := range n.paths {
-		v, err := p.value(arg)
-		if err != nil {
-			return "", &guard.NameError{Name: n.tmpl.String(), Reason: fmt.Sprintf("{%s}: %v", n.keys[i], err)}
-		}
-		vals[i] = v
-	}
-	name, err := n.tmpl.Render(vals)
-	if err != nil {
-		if ve, ok := errors.AsType[*lockname.ValueError](err); ok {
-			return "", &guard.NameError{Name: n.tmpl.String(), Reason: fmt.Sprintf("{%s}: %s", ve.Key, ve.Reason)}
-		}
-		return "", &guard.NameError{Name: n.tmpl.String(), Reason: err.Error()}
-	}
-	if err := guard.CheckName(name); err != nil {
-		return "", err
-	}
-	return name, nil
-}
 
 // compilePath resolves a placeholder key — "." or a dotted path of field names and map keys —
 // against typ.

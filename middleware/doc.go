@@ -11,7 +11,7 @@
 //
 // The lock name is a template: literal text with placeholders that name request data.
 //
-//	{id}               a path parameter: chi's URL parameter, else the ServeMux path value
+//	{id}               a path parameter, decoded: chi's URL parameter, else Request.PathValue
 //	{path.id}          the same, for a parameter called "method" or "route"
 //	{query.page}       the first value of the query parameter "page"
 //	{header.X-Tenant}  the first value of the header "X-Tenant"
@@ -26,23 +26,41 @@
 // docs/templates.md has the rules. For names the template language cannot express, LockFunc
 // takes a function of the request.
 //
-// Path parameters exist only once the request is routed: wrap the route's handler
-// (chi's r.With, a chi Route group's r.Use, or the handler given to ServeMux.Handle), not
-// the whole router — there the parameter is missing and every request is answered 400.
+// Values are read in their canonical form, so that one resource has one lock name. A path
+// parameter is decoded: "/accounts/%61" and "/accounts/a" lock one account. (chi hands out the
+// raw segment when a path has escapes; the middleware decodes it, as http.ServeMux does.)
+// Query values are decoded by net/url, where "+" is a space; in a path it is a plus. Header
+// values are used as they are.
+//
+// # Routers
+//
+// Path parameters exist only once the request is routed: wrap the route's handler (chi's
+// r.With, a chi Route group's r.Use, or the handler given to ServeMux.Handle), not the whole
+// router. A middleware that runs before routing — or whose template names a parameter its
+// route does not have — answers every request 500 with a problem that says so, and logs it
+// once with slog's default logger: the mistake shows on the first request, and never becomes
+// one lock for all accounts.
+//
+// Other routers keep their parameters elsewhere. PathValues takes a function that reads
+// them (gorilla/mux: mux.Vars); for gin and echo, the adapter that mounts a net/http
+// middleware on a route can set Request.PathValue and Request.Pattern as chi does.
+// docs/templates.md shows all three.
 //
 // # Responses
 //
 // The middleware tries once by default; guard.WaitTime(d) makes it wait up to d for a busy
 // lock. The other guard.LockOptions (LeaseTime, MinHold) apply to every request, and the
 // middleware adds guard.Label(template) so that telemetry is named by the template. Its own
-// options, BusyStatus and OnBusy, travel in the same list.
+// options, BusyStatus, OnBusy and PathValues, travel in the same list; they are checked when
+// the middleware is built.
 //
 // When the lock is taken, the handler runs with the lock's context: the request's context,
 // also cancelled — with cause guard.ErrLockLost or guard.ErrLeaseExpired — when the lock is
 // lost; guard.FromContext gives the Lock and its fence. A nested lock on the same name in that
 // context (another middleware, a decorated function) re-enters it. The lock is released when
 // the handler returns, and also when it panics; the panic, http.ErrAbortHandler included, goes
-// on.
+// on. The handler's response stands whatever the release does: a release that fails after it
+// is reported to the Guard's observer (docs/semantics.md, "Cancellation and release").
 //
 // Otherwise the handler is not called, and the response is an RFC 9457 problem
 // (application/problem+json, with type "about:blank", title, status and detail):
@@ -52,6 +70,8 @@
 //     holder's remaining lease; BusyStatus and OnBusy change that;
 //   - no name (a value is missing or empty, the name is longer than guard.MaxNameLen, or the
 //     LockFunc key function failed): 400 Bad Request;
+//   - a path parameter or the route without a value because the request was not routed (see
+//     Routers): 500 Internal Server Error, logged once;
 //   - backend failure or closed Guard: 503 Service Unavailable.
 //
 // Bodies never carry the lock name or request data: a 400 names the placeholder that lacks a

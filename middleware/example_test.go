@@ -26,8 +26,44 @@ func ExampleLock() {
 			fmt.Fprintf(w, "withdrawn under %s", l.Name())
 		})
 
+	// One account, one lock, however the URL spells it: path parameters are decoded.
+	for _, path := range []string{"/accounts/42/withdraw", "/accounts/%34%32/withdraw"} {
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest("POST", path, nil))
+		fmt.Println(rec.Code, rec.Body)
+	}
+	// Output:
+	// 200 withdrawn under account:42
+	// 200 withdrawn under account:42
+}
+
+// Routers that keep path parameters in the request's context, as gorilla/mux does, give
+// Lock a function that reads them. With gorilla/mux it is
+//
+//	func(r *http.Request, name string) (string, bool) { v, ok := mux.Vars(r)[name]; return v, ok }
+//
+// docs/templates.md shows gorilla/mux, gin and echo; examples/routers runs them.
+func ExamplePathValues() {
+	g := guard.New(memstore.New())
+	defer g.Close(context.Background())
+
+	// routed stands for a router that matched POST /accounts/{id}/withdraw with id 42.
+	type varsKey struct{}
+	routed := func(r *http.Request, vars map[string]string) *http.Request {
+		return r.WithContext(context.WithValue(r.Context(), varsKey{}, vars))
+	}
+	vars := func(r *http.Request, name string) (string, bool) {
+		v, ok := r.Context().Value(varsKey{}).(map[string]string)[name]
+		return v, ok // ok is false when the router matched no route with the parameter
+	}
+	h := middleware.Lock(g, "account:{id}", middleware.PathValues(vars))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			l, _ := guard.FromContext(r.Context())
+			fmt.Fprintf(w, "withdrawn under %s", l.Name())
+		}))
+
 	rec := httptest.NewRecorder()
-	r.ServeHTTP(rec, httptest.NewRequest("POST", "/accounts/42/withdraw", nil))
+	h.ServeHTTP(rec, routed(httptest.NewRequest("POST", "/accounts/42/withdraw", nil), map[string]string{"id": "42"}))
 	fmt.Println(rec.Code, rec.Body)
 	// Output: 200 withdrawn under account:42
 }

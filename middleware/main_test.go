@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/internal/guardtest"
+	"github.com/guardlock/guard/middleware"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -27,19 +29,104 @@ func prefix(t *testing.T) string { return guardtest.Prefix(t, "middleware") }
 type router struct {
 	name  string
 	mount func(method, pattern string, mw func(http.Handler) http.Handler, h http.Handler) http.Handler
+	opts  []guard.LockOption // what Lock needs to read the router's path parameters
+}
+
+// lock returns the lock middleware with the router's options after opts.
+func (rt router) lock(g *guard.Guard, template string, opts ...guard.LockOption) func(http.Handler) http.Handler {
+	return middleware.Lock(g, template, append(opts, rt.opts...)...)
 }
 
 var routers = []router{
-	{"chi", func(method, pattern string, mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
+	{name: "chi", mount: func(method, pattern string, mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
 		r := chi.NewRouter()
 		r.With(mw).Method(method, pattern, h)
 		return r
 	}},
-	{"ServeMux", func(method, pattern string, mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
+	{name: "ServeMux", mount: func(method, pattern string, mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
 		mux := http.NewServeMux()
 		mux.Handle(method+" "+pattern, mw(h))
 		return mux
 	}},
+	{name: "varsRouter", mount: func(method, pattern string, mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
+		vr := &varsRouter{}
+		vr.handle(method, strings.NewReplacer("{", ":", "}", "").Replace(pattern), mw(h))
+		return vr
+	}, opts: []guard.LockOption{middleware.PathValues(varsOf)}},
+}
+
+// varsRouter stands for the routers that the middleware knows nothing of (gorilla/mux, and
+// gin or echo behind an adapter): it keeps the path parameters of the route it matched in the
+// request's context, where varsOf finds them, and sets Request.Pattern. Its patterns are
+// "/accounts/:id/withdraw"; a parameter matches one non-empty segment of the escaped path,
+// and its value is the segment decoded, as ServeMux's are.
+type varsRouter struct {
+	routes []varsRoute
+}
+
+type varsRoute struct {
+	method, pattern string
+	segs            []string
+	h               http.Handler
+}
+
+type varsKey struct{}
+
+func (vr *varsRouter) handle(method, pattern string, h http.Handler) {
+	vr.routes = append(vr.routes, varsRoute{method: method, pattern: pattern, segs: strings.Split(pattern, "/"), h: h})
+}
+
+func (vr *varsRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	segs := strings.Split(r.URL.EscapedPath(), "/")
+	for _, rt := range vr.routes {
+		if vars, ok := rt.match(r.Method, segs); ok {
+			r = r.WithContext(context.WithValue(r.Context(), varsKey{}, vars))
+			r.Pattern = rt.pattern
+			rt.h.ServeHTTP(w, r)
+			return
+		}
+	}
+	http.NotFound(w, r)
+}
+
+func (rt varsRoute) match(method string, segs []string) (map[string]string, bool) {
+	if method != rt.method || len(segs) != len(rt.segs) {
+		return nil, false
+	}
+	vars := map[string]string{}
+	for i, s := range rt.segs {
+		name, param := strings.CutPrefix(s, ":")
+		if !param {
+			if s != segs[i] {
+				return nil, false
+			}
+			continue
+		}
+		v, err := url.PathUnescape(segs[i])
+		if err != nil || v == "" {
+			return nil, false
+		}
+		vars[name] = v
+	}
+	return vars, true
+}
+
+// varsOf is the PathValues function for varsRouter.
+func varsOf(r *http.Request, name string) (string, bool) {
+	vars, _ := r.Context().Value(varsKey{}).(map[string]string)
+	v, ok := vars[name]
+	return v, ok
+}
+
+// param returns the path parameter name, whichever router routed r, as handlers read it.
+func param(r *http.Request, name string) string {
+	if v, ok := varsOf(r, name); ok {
+		return v
+	}
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		return rc.URLParam(name)
+	}
+	return r.PathValue(name)
 }
 
 // forEachRouter runs test once per router.

@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,73 +8,42 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/internal/lockname"
 )
-
-// source reads one placeholder's value from a request.
-type source func(*request) string
 
 // request is a request being named, with its query parsed at most once.
 type request struct {
 	r     *http.Request
 	query url.Values // nil until a query source asks
+	// unrouted is the first placeholder that found the request not routed yet: the
+	// middleware wraps the router, not the route.
+	unrouted string
 }
 
-// compileTemplate parses template and binds each placeholder to its request source. The
-// returned function renders a request's lock name, or returns a *guard.NameError.
-func compileTemplate(template string) (func(*http.Request) (string, error), error) {
-	tmpl, err := lockname.Parse(template)
+// source reads one placeholder's value from a request.
+type source = lockname.Source[*request]
+
+// compileTemplate parses template and binds each placeholder to its request source, reading
+// path parameters with values when it is not nil (PathValues). The returned function renders
+// a request's lock name, or returns a *guard.NameError; a bad template is a *guard.NameError
+// too.
+func compileTemplate(template string, values func(*http.Request, string) (string, bool)) (func(*request) (string, error), error) {
+	n, err := lockname.Bind(template, func(key string) (source, error) { return compileSource(key, values) })
 	if err != nil {
-		if se, ok := errors.AsType[*lockname.SyntaxError](err); ok {
-			return nil, fmt.Errorf("%s (at byte %d)", se.Msg, se.Offset)
-		}
 		return nil, err
 	}
-	keys := tmpl.Keys()
-	if len(keys) == 0 {
-		name, _ := tmpl.Render(nil)
-		if err := guard.CheckName(name); err != nil {
-			return nil, err
-		}
-		return func(*http.Request) (string, error) { return name, nil }, nil
-	}
-	sources := make([]source, len(keys))
-	for i, key := range keys {
-		if sources[i], err = compileSource(key); err != nil {
-			return nil, fmt.Errorf("{%s}: %w", key, err)
-		}
-	}
-	return func(r *http.Request) (string, error) {
-		req := request{r: r}
-		vals := make([]string, len(sources))
-		for i, src := range sources {
-			vals[i] = src(&req)
-		}
-		name, err := tmpl.Render(vals)
-		if err != nil {
-			reason := err.Error()
-			if ve, ok := errors.AsType[*lockname.ValueError](err); ok {
-				reason = fmt.Sprintf("{%s}: %s", ve.Key, ve.Reason)
-			}
-			return "", &guard.NameError{Name: template, Reason: reason}
-		}
-		if err := guard.CheckName(name); err != nil {
-			return "", err
-		}
-		return name, nil
-	}, nil
+	return n.Name, nil
 }
 
 // compileSource binds one placeholder key (see the package doc).
-func compileSource(key string) (source, error) {
+func compileSource(key string, values func(*http.Request, string) (string, bool)) (source, error) {
 	kind, name, dotted := strings.Cut(key, ".")
 	if !dotted {
 		switch key {
 		case "method":
-			return func(q *request) string { return q.r.Method }, nil
+			return func(q *request) (string, error) { return q.r.Method, nil }, nil
 		case "route":
-			return routePattern, nil
+			return func(q *request) (string, error) { return q.routeValue(key), nil }, nil
 		}
 		kind, name = "path", key
 	}
@@ -87,46 +55,95 @@ func compileSource(key string) (source, error) {
 		if !isParamName(name) {
 			return nil, fmt.Errorf("%q is not a path parameter name (letters, digits, '_', '-', or chi's '*')", name)
 		}
-		return func(q *request) string { return pathValue(q.r, name) }, nil
+		if values == nil {
+			values = pathValue
+		}
+		return func(q *request) (string, error) {
+			v, ok := values(q.r, name)
+			if !ok && q.unrouted == "" {
+				q.unrouted = key
+			}
+			return v, nil
+		}, nil
 	case "query":
-		return func(q *request) string {
+		// url.Values are decoded: "%61" and "a" are one value, and "+" is a space.
+		return func(q *request) (string, error) {
 			if q.query == nil {
 				q.query = q.r.URL.Query()
 			}
-			return q.query.Get(name)
+			return q.query.Get(name), nil
 		}, nil
 	case "header":
 		if !isToken(name) {
 			return nil, fmt.Errorf("%q is not a header name", name)
 		}
+		// Header values have no escapes to decode: they are used as they came.
 		name = http.CanonicalHeaderKey(name)
-		return func(q *request) string {
+		return func(q *request) (string, error) {
 			if v := q.r.Header[name]; len(v) > 0 {
-				return v[0]
+				return v[0], nil
 			}
-			return ""
+			return "", nil
 		}, nil
 	}
 	return nil, fmt.Errorf("unknown request source %q (want a path parameter name, method, route, or path., query., header. and a name)", kind)
 }
 
-// pathValue returns the path parameter name: chi's URL parameter when chi routed the request,
-// else the ServeMux path value.
-func pathValue(r *http.Request, name string) string {
+// pathValue returns the path parameter name, decoded — one resource has one value, whether
+// its path spelled "a" or "%61" — and whether the request was routed to a route that has the
+// parameter. It reads chi's URL parameter when chi has one by that name, else
+// Request.PathValue, which http.ServeMux sets (decoded) and adapters for other routers can
+// set (docs/templates.md).
+func pathValue(r *http.Request, name string) (string, bool) {
 	if rc := chi.RouteContext(r.Context()); rc != nil {
-		if v := rc.URLParam(name); v != "" {
-			return v
+		keys := rc.URLParams.Keys
+		for i := len(keys) - 1; i >= 0; i-- { // the innermost route's, as chi.URLParam
+			if keys[i] == name {
+				return chiDecode(r, rc.URLParams.Values[i]), true
+			}
 		}
 	}
-	return r.PathValue(name)
+	if v := r.PathValue(name); v != "" {
+		return v, true
+	}
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		// chi has matched no route with the parameter: the middleware runs in r.Use before
+		// routing, or in a group whose pattern does not have it.
+		return "", false
+	}
+	// No value: ServeMux routed the request with an empty one ("{rest...}" at the end of a
+	// path); or it routed it to a route without the parameter; or nothing routed it — the
+	// middleware wraps the router.
+	return "", strings.Contains(r.Pattern, "{"+name+"}") || strings.Contains(r.Pattern, "{"+name+"...}")
 }
 
-// routePattern returns the pattern of the route that matched: chi's, else the ServeMux's.
-func routePattern(q *request) string {
+// chiDecode returns the decoded form of a chi URL parameter. chi matches routes against
+// URL.RawPath when it is set — when the path has escapes other than the ones Go would write
+// ("%61" for "a", "%2F" for a slash in a segment) — and then hands out raw segments: decode
+// them as ServeMux does. Without RawPath chi matched the decoded URL.Path, and a '%' in the
+// value is the character itself.
+func chiDecode(r *http.Request, v string) string {
+	if r.URL.RawPath == "" || !strings.Contains(v, "%") {
+		return v
+	}
+	if d, err := url.PathUnescape(v); err == nil {
+		return d
+	}
+	// Not an escaped segment after all: chi was told to route on the decoded path (its
+	// StripSlashes middleware does that).
+	return v
+}
+
+// routeValue returns the pattern of the route that matched: chi's, else Request.Pattern (set
+// by ServeMux, and by chi). It records key as unrouted when there is none.
+func (q *request) routeValue(key string) string {
 	if rc := chi.RouteContext(q.r.Context()); rc != nil {
 		if p := rc.RoutePattern(); p != "" {
 			return p
 		}
+	}
+	if q.r.Pattern == "" && q.unrouted == "" {
+		q.unrouted = key
 	}
 	return q.r.Pattern
 }

@@ -1,15 +1,17 @@
 // Command httpapi is a small account service whose deposits and withdrawals each hold a
 // distributed lock on their account, declared on the routes with middleware.Lock (see package
-// accounts). It runs with no server at all, on the embedded in-process backend, or on Redis
-// or MongoDB shared by several instances, and traces every request and lock over OTLP/HTTP
-// when asked:
+// accounts). It runs with no server at all, on the embedded in-process backend, or on Redis,
+// MongoDB, PostgreSQL or MySQL/MariaDB shared by several instances, and traces every request
+// and lock over OTLP/HTTP when asked:
 //
 //	go run ./examples/httpapi                                   # in-process backend
 //	go run ./examples/httpapi -redis 127.0.0.1:6379             # or GUARD_REDIS_ADDR
 //	go run ./examples/httpapi -mongo mongodb://127.0.0.1/app    # or GUARD_MONGO_URI
+//	go run ./examples/httpapi -postgres postgres://app:secret@127.0.0.1/app
+//	go run ./examples/httpapi -mysql 'app:secret@tcp(127.0.0.1:3306)/app'
 //	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 go run ./examples/httpapi
 //
-// Then:
+// With -postgres or -mysql it creates the lock table, guard_locks, when it is missing. Then:
 //
 //	curl -H 'X-Tenant: acme' -d '{"amount": 100}' localhost:8080/accounts/42/deposit
 //	curl -H 'X-Tenant: acme' -d '{"amount": 30}'  localhost:8080/accounts/42/withdraw
@@ -17,6 +19,9 @@
 //
 // SIGINT or SIGTERM shuts it down gracefully: it finishes the requests in flight, releases
 // the locks it holds, and flushes the spans.
+//
+// The program imports only guard's public packages and its own package accounts: copy the
+// directory into a module of yours and change that one import path.
 package main
 
 import (
@@ -27,17 +32,27 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
+	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/examples/httpapi/accounts"
-	"github.com/guardlock/guard/examples/internal/setup"
+	"github.com/guardlock/guard/tracing"
 )
 
 // service is the program's OpenTelemetry service name.
 const service = "guard-httpapi"
 
 func main() {
-	setup.Main(func(ctx context.Context, log *slog.Logger) error { return run(ctx, os.Args[1:], log, nil) })
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	err := run(ctx, os.Args[1:], log, nil)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		log.Error(err.Error())
+		os.Exit(1)
+	}
 }
 
 // run serves until ctx ends, then shuts down. It calls ready, when not nil, with the address
@@ -47,17 +62,34 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	addr := fs.String("addr", "127.0.0.1:8080", "listen on `host:port`")
 	work := fs.Duration("work", 50*time.Millisecond,
 		"how long a deposit or withdrawal takes between reading and writing the balance")
-	backend := setup.BackendFlags(fs)
+	var backend backendFlags
+	backend.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 
-	p, err := setup.Start(ctx, service, *backend, log)
+	flush, desc, err := startTracing(ctx, service)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, p.Close()) }()
-	g := p.Guard()
+	log.Info(desc)
+	store, desc, disconnect, err := backend.open(ctx)
+	if err != nil {
+		return errors.Join(err, flush())
+	}
+	log.Info("lock backend: " + desc)
+	if desc == inProcess {
+		log.Info("locks are shared inside this process only; give -redis, -mongo, -postgres or -mysql to share them between processes")
+	}
+	g := guard.New(store, guard.WithObserver(tracing.New()))
+	defer func() {
+		// The order that loses nothing: release the locks, disconnect, export the last spans.
+		cerr := errors.Join(within(g.Close), disconnect(), flush())
+		if cerr == nil {
+			log.Info("closed: locks released, backend disconnected, spans flushed")
+		}
+		err = errors.Join(err, cerr)
+	}()
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -80,9 +112,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing the requests in flight")
-	sctx, cancel := context.WithTimeout(context.Background(), setup.ShutdownTimeout)
-	defer cancel()
-	err = srv.Shutdown(sctx)
+	err = within(srv.Shutdown)
 	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}

@@ -18,8 +18,13 @@
 //	go run ./examples/worker -timeline timeline.svg          # and draw the run
 //	go run ./examples/worker -forever -redis 127.0.0.1:6379  # until interrupted
 //
-// -redis, -mongo (or GUARD_REDIS_ADDR, GUARD_MONGO_URI) select the backend, and
-// OTEL_EXPORTER_OTLP_ENDPOINT turns on tracing, as for the httpapi example.
+// -redis, -mongo (or GUARD_REDIS_ADDR, GUARD_MONGO_URI), -postgres and -mysql select the
+// backend, and OTEL_EXPORTER_OTLP_ENDPOINT turns on tracing, as for the httpapi example:
+//
+//	go run ./examples/worker -postgres postgres://app:secret@127.0.0.1/app
+//	go run ./examples/worker -mysql 'app:secret@tcp(127.0.0.1:3306)/app'
+//
+// The program imports only guard's public packages: copy the directory into a module of yours.
 package main
 
 import (
@@ -30,17 +35,26 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/examples/internal/setup"
+	"github.com/guardlock/guard/tracing"
 )
 
 // service is the program's OpenTelemetry service name.
 const service = "guard-worker"
 
 func main() {
-	setup.Main(func(ctx context.Context, log *slog.Logger) error { return run(ctx, os.Args[1:], os.Stdout, log) })
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	err := run(ctx, os.Args[1:], os.Stdout, log)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		log.Error(err.Error())
+		os.Exit(1)
+	}
 }
 
 // run runs the demonstration, or with -forever runs until ctx ends, and prints the summary
@@ -56,7 +70,8 @@ func run(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger)
 	fs.DurationVar(&cfg.work, "work", 250*time.Millisecond, "how long a task takes on average")
 	forever := fs.Bool("forever", false, "run until interrupted, with a new batch every window")
 	timeline := fs.String("timeline", "", "write an SVG timeline of the run to `path`")
-	backend := setup.BackendFlags(fs)
+	var backend backendFlags
+	backend.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,18 +85,44 @@ func run(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger)
 		cfg.windows = 0
 	}
 
-	p, err := setup.Start(ctx, service, *backend, log)
+	flush, desc, err := startTracing(ctx, service)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, p.Close()) }()
+	log.Info(desc)
+	store, desc, disconnect, err := backend.open(ctx)
+	if err != nil {
+		return errors.Join(err, flush())
+	}
+	log.Info("lock backend: " + desc)
+	if desc == inProcess {
+		log.Info("locks are shared inside this process only; give -redis, -mongo, -postgres or -mysql to share them between processes")
+	}
+	var guards []*guard.Guard // one per instance; demo makes them on this goroutine
+	defer func() {
+		// The order that loses nothing: release the locks, disconnect, export the last spans.
+		var errs []error
+		for _, g := range guards {
+			errs = append(errs, within(g.Close))
+		}
+		cerr := errors.Join(append(errs, disconnect(), flush())...)
+		if cerr == nil {
+			log.Info("closed: locks released, backend disconnected, spans flushed")
+		}
+		err = errors.Join(err, cerr)
+	}()
 	log.Info(fmt.Sprintf("%d instances: job %q every %v, and a batch of %d tasks %q", cfg.instances, jobName,
 		cfg.window, cfg.tasks, taskTemplate))
-	rec := demo(ctx, cfg, func() *guard.Guard { return p.Guard() }, log)
+	rec := demo(ctx, cfg, func() *guard.Guard {
+		// One Guard per instance, as each instance of a service has its own; traced.
+		g := guard.New(store, guard.WithObserver(tracing.New()))
+		guards = append(guards, g)
+		return g
+	}, log)
 
-	rec.summarize(stdout, p.BackendDescription())
+	rec.summarize(stdout, desc)
 	if *timeline != "" {
-		if err := writeTimelineFile(*timeline, rec, p.BackendDescription()); err != nil {
+		if err := writeTimelineFile(*timeline, rec, desc); err != nil {
 			return err
 		}
 		log.Info("timeline written to " + *timeline)

@@ -7,18 +7,23 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/examples/internal/setup"
 	"github.com/guardlock/guard/internal/testserver"
 	"github.com/guardlock/guard/memstore"
 	"github.com/guardlock/guard/redisstore"
@@ -75,11 +80,17 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-// The program prints the summary, says OK, and draws a well-formed SVG.
-func TestRun(t *testing.T) {
-	for _, env := range setup.Variables() {
+// clearEnv unsets, for the test, every variable the program reads.
+func clearEnv(t *testing.T) {
+	for _, env := range []string{"GUARD_REDIS_ADDR", "GUARD_MONGO_URI", "OTEL_EXPORTER_OTLP_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"} {
 		t.Setenv(env, "")
 	}
+}
+
+// The program prints the summary, says OK, and draws a well-formed SVG.
+func TestRun(t *testing.T) {
+	clearEnv(t)
 	svg := filepath.Join(t.TempDir(), "timeline.svg")
 	var out bytes.Buffer
 	err := run(t.Context(), []string{"-windows", "2", "-window", "200ms", "-tasks", "6", "-work", "10ms", "-timeline", svg},
@@ -139,4 +150,96 @@ func TestCheckFails(t *testing.T) {
 	writeTimeline(&svg, rec, "memstore")
 	assert.Contains(t, svg.String(), "✗ window 0 ran 2 times")
 	requireSVG(t, &svg)
+}
+
+// short is the arguments of a run that takes about half a second.
+var short = []string{"-windows", "2", "-window", "200ms", "-tasks", "6", "-work", "10ms"}
+
+// Each backend flag makes the program run its instances on that server, which the test starts.
+func TestRunOnServers(t *testing.T) {
+	tests := []struct {
+		name  string
+		flags func(t *testing.T) []string
+		desc  string
+	}{
+		{"redis", func(t *testing.T) []string {
+			return []string{"-redis", testserver.StartRedis(t).Addr}
+		}, "3 instances on Redis at 127.0.0.1:"},
+		{"mongo", func(t *testing.T) []string {
+			srv := testserver.StartMongo(t)
+			u, err := url.Parse(srv.URI)
+			require.NoError(t, err, "a single-host URI")
+			u.Path = "/" + srv.Database
+			return []string{"-mongo", u.String()}
+		}, "3 instances on MongoDB at "},
+		{"postgres", func(t *testing.T) []string {
+			return []string{"-postgres", testserver.StartPostgresServer(t).DSN}
+		}, "3 instances on PostgreSQL at 127.0.0.1:"},
+		{"mysql", func(t *testing.T) []string {
+			return []string{"-mysql", testserver.StartMariaDB(t).DSN}
+		}, "3 instances on MySQL at 127.0.0.1:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			var out, logs bytes.Buffer
+			err := run(t.Context(), append(short, tt.flags(t)...), &out, slog.New(slog.NewTextHandler(&logs, nil)))
+			require.NoError(t, err, "%s\n%s", out.String(), logs.String())
+			assert.Contains(t, out.String(), tt.desc)
+			assert.Contains(t, out.String(), "OK: every window ran exactly once, and every task ran exactly once.")
+			assert.Contains(t, logs.String(), "closed: locks released")
+		})
+	}
+}
+
+func TestBackendErrors(t *testing.T) {
+	clearEnv(t)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"two backends", []string{"-mongo", "mongodb://127.0.0.1/", "-postgres", "postgres://127.0.0.1/db"}, "choose one of"},
+		{"bad PostgreSQL DSN", []string{"-postgres", "postgres://%zz"}, "PostgreSQL DSN"},
+		{"bad MongoDB URI", []string{"-mongo", "http://x"}, "MongoDB URI"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(t.Context(), append(short, tt.args...), io.Discard, slog.New(slog.DiscardHandler))
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+// otlpReceiver is an OTLP/HTTP endpoint that keeps the bodies it receives.
+type otlpReceiver struct {
+	mu     sync.Mutex // protects bodies
+	bodies map[string][]byte
+}
+
+func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	o.mu.Lock()
+	o.bodies[r.URL.Path] = append(o.bodies[r.URL.Path], body...)
+	o.mu.Unlock()
+	w.Header().Set("Content-Type", "application/x-protobuf")
+}
+
+// With OTEL_EXPORTER_OTLP_ENDPOINT the program exports the spans of its locks, and flushes
+// them before it exits.
+func TestTracingExportsOverOTLPHTTP(t *testing.T) {
+	clearEnv(t)
+	recv := &otlpReceiver{bodies: map[string][]byte{}}
+	srv := httptest.NewServer(recv)
+	t.Cleanup(srv.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Cleanup(func() { otel.SetTracerProvider(noop.NewTracerProvider()) })
+
+	var logs bytes.Buffer
+	require.NoError(t, run(t.Context(), short, io.Discard, slog.New(slog.NewTextHandler(&logs, nil))))
+	assert.Contains(t, logs.String(), "tracing: OTLP/HTTP to "+srv.URL+" as service guard-worker")
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	body := recv.bodies["/v1/traces"]
+	assert.True(t, bytes.Contains(body, []byte("guard-worker")), "under the service name")
+	assert.True(t, bytes.Contains(body, []byte("guard.hold task:{ID}")), "the tasks' lock spans were exported")
 }

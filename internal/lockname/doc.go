@@ -2,8 +2,13 @@
 //
 // A template is literal text with placeholders in braces: "tenant:{Tenant.ID}:import:{Kind}".
 // In literal text "{{" stands for "{" and "}}" for "}". What a placeholder's key means (a field
-// path, a URL parameter, a header) is up to the package that binds it: this package only
-// parses, escapes, renders and parses rendered names back. It uses no reflection.
+// path, a URL parameter, a header) is up to the package that binds it: Template only parses,
+// escapes, renders and parses rendered names back, and uses no reflection.
+//
+// Bind is the glue that package decorators and package middleware share: it binds each key of
+// a template to a Source of its value and reports every problem as a *guard.NameError, at
+// construction for the template and on each call for the values. CallOptions builds the
+// options of their acquisitions.
 //
 // # Injectivity
 //

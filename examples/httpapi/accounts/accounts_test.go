@@ -129,13 +129,15 @@ func TestConcurrentWithdrawalsOnOneAccount(t *testing.T) {
 			s := newService(t, b.new(t), instances, accounts.WithWork(5*time.Millisecond), accounts.WithWaitTime(20*time.Second))
 			require.Equal(t, http.StatusOK, s.do(t, 0, "acme", "42", "deposit", deposit).status)
 
+			// One account, however its URL spells it: one lock, and one balance.
+			spellings := []string{"42", "%34%32", "4%32"}
 			start := make(chan struct{})
 			results := make(chan response, withdrawals)
 			var wg sync.WaitGroup
 			for i := range withdrawals {
 				wg.Go(func() {
 					<-start
-					results <- s.do(t, i%instances, "acme", "42", "withdraw", amount)
+					results <- s.do(t, i%instances, "acme", spellings[i%len(spellings)], "withdraw", amount)
 				})
 			}
 			close(start)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -207,12 +208,25 @@ func (h *handler) apply(ctx context.Context, a Account, fence uint64, amount int
 
 // account returns the account a request names, or answers 400 when it names none.
 func account(w http.ResponseWriter, r *http.Request) (Account, bool) {
-	a := Account{Tenant: r.Header.Get(TenantHeader), ID: chi.URLParam(r, "id")}
+	a := Account{Tenant: r.Header.Get(TenantHeader), ID: accountID(r)}
 	if a.Tenant == "" {
 		problem(w, http.StatusBadRequest, "The "+TenantHeader+" header is missing.")
 		return a, false
 	}
 	return a, true
+}
+
+// accountID returns the {id} of the route, decoded as the lock middleware reads it, so that
+// the account written is the account locked: "/accounts/%61" is account "a". chi hands out
+// the raw path segment when the path has escapes (it routes on URL.RawPath then).
+func accountID(r *http.Request) string {
+	id := chi.URLParam(r, "id")
+	if r.URL.RawPath != "" {
+		if d, err := url.PathUnescape(id); err == nil {
+			id = d
+		}
+	}
+	return id
 }
 
 // problemBody is an RFC 9457 problem details object.
