@@ -310,6 +310,44 @@ func TestConcurrentExtends(t *testing.T) {
 	}
 }
 
+// lostExtendReply runs every extension and then reports a broken connection instead of its
+// answer: the server moved the lease's end, the client never heard.
+type lostExtendReply struct{ guard.Backend }
+
+func (b lostExtendReply) Extend(ctx context.Context, leases []guard.Lease) []error {
+	errs := b.Backend.Extend(ctx, leases)
+	for i, err := range errs {
+		if err == nil {
+			errs[i] = errors.New("read tcp 127.0.0.1:3306: connection reset by peer")
+		}
+	}
+	return errs
+}
+
+// TestShorteningExtendWithLostReply (defect 12, found by the chaos run on MariaDB): an Extend
+// to a shorter lease than the one left may be applied even when its answer is lost. Until it
+// answers, the lock must already count on the shorter lease: no other holder may get the
+// name while the lock's context still lives.
+func TestShorteningExtendWithLostReply(t *testing.T) {
+	store := memstore.New()
+	g := newGuard(t, lostExtendReply{store})
+	other := newGuard(t, store)
+	l, err := g.TryAcquire(t.Context(), "n", guard.LeaseTime(10*time.Second))
+	require.NoError(t, err)
+	start := time.Now()
+	require.Error(t, l.Extend(t.Context(), 300*time.Millisecond), "the answer was lost")
+	assert.False(t, l.Deadline().After(start.Add(300*time.Millisecond)),
+		"the deadline still counts on the old lease: %v after the extension was sent", l.Deadline().Sub(start))
+	next, err := other.Acquire(t.Context(), "n", guard.WaitTime(5*time.Second))
+	require.NoError(t, err, "the backend shortened the lease")
+	defer next.Release(context.Background())
+	select {
+	case <-l.Done():
+	default:
+		t.Fatalf("another holder got the name while the lock's context lived on (deadline in %v)", time.Until(l.Deadline()))
+	}
+}
+
 // TestLostLocksAreForgotten: a lock that ends on its own and is never released must not stay
 // in the Guard (memory, and a hold span that never ends).
 func TestLostLocksAreForgotten(t *testing.T) {

@@ -127,6 +127,8 @@ func (l *Lock) Deadline() time.Time {
 
 // Extend sets the remaining lease of a lock taken with LeaseTime to d, measured from now.
 // Concurrent calls are sent one after the other, so the last one to return set the lease.
+// A d shorter than what is left shortens the lease, and the deadline moves before the request
+// is sent: the backend may apply it even if its answer is lost.
 //
 // It returns ErrNotExtendable for a lock held by the watchdog (it needs no extending); an
 // *OptionError for d < 10 ms; an error matching ErrNotHeld when the lock is no longer ours —
@@ -153,6 +155,9 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 		return &OpError{Op: "extend", Name: r.name, Err: ErrNotHeld}
 	}
 	start := time.Now()
+	// The backend may apply an extension whose answer is lost: one that shortens the lease
+	// must count from now on, not once it has answered.
+	r.g.sched.Shorten(&r.lease, start, d)
 	errs := r.g.backend.Extend(ctx, []Lease{{Name: r.name, Token: r.token, TTL: d}})
 	var err error
 	if len(errs) != 1 {

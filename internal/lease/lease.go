@@ -190,6 +190,19 @@ func (s *Scheduler) SetDeadline(l *Lease, start time.Time, ttl time.Duration) bo
 	return time.Now().Before(l.deadline)
 }
 
+// Shorten moves the deadline of a watched lease earlier, to the one an extension sent at
+// start for ttl would set, when that one is earlier. A caller about to send an extension that
+// may shorten the lease calls it first: the backend may apply the request even when its
+// answer never arrives. Nothing happens to a lease that already ended.
+func (s *Scheduler) Shorten(l *Lease, start time.Time, ttl time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := watchdog.Deadline(start, ttl); !l.removed && d.Before(l.deadline) {
+		l.deadline = d
+		s.arm(d)
+	}
+}
+
 // Deadline returns the current deadline of l.
 func (s *Scheduler) Deadline(l *Lease) time.Time {
 	s.mu.Lock()
