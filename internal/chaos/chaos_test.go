@@ -25,8 +25,7 @@ var (
 const seedEnv = "GUARD_CHAOS_SEED"
 
 // backends are the deployments the chaos run covers, one line each. memstore is not here: it
-// lives in one process, and the run needs several. pgstore and mysqlstore join with a line of
-// their own (and a Start function in targets.go) once they land.
+// lives in one process, and the run needs several.
 var backends = []struct {
 	name  string
 	start func(t *testing.T) *chaos.Target
@@ -34,6 +33,8 @@ var backends = []struct {
 	{"redis", chaos.StartRedis},
 	{"redis-cluster", chaos.StartRedisCluster},
 	{"mongodb", chaos.StartMongo},
+	{"postgres", chaos.StartPostgres},
+	{"mariadb", chaos.StartMariaDB},
 }
 
 // TestChaosWorker is the main function of a worker process, not a test: it does nothing

@@ -16,7 +16,7 @@ import (
 )
 
 // The Start functions below deploy one backend each for a chaos run, with a FaultProxy in
-// front of it; they stop what they started when the test ends. A new backend (a SQL store)
+// front of it; they stop what they started when the test ends. A new backend
 // adds a Conn kind in open (worker.go) and a Start function here.
 
 // redisRequests recognise the requests of redisstore: every lock operation is one script,
@@ -148,5 +148,60 @@ func StartMongo(t *testing.T) *Target {
 		Pause:  srv.Pause,
 		Resume: srv.Resume,
 		Crash:  srv.Restart,
+	}
+}
+
+// StartPostgres deploys one PostgreSQL server (fsync off: a killed server keeps what it
+// wrote, as the operating system still has it) with the lock table created, and the
+// FaultProxy in front of it. The workers' LISTEN connection goes through the proxy too.
+func StartPostgres(t *testing.T) *Target {
+	t.Helper()
+	srv := testserver.StartPostgresServer(t)
+	createTable(t, "postgres", srv.DSN)
+	proxy := testserver.StartFaultProxy(t, srv.Addr)
+	return &Target{
+		Backend:  "postgres",
+		Conn:     Conn{Kind: "postgres", URI: strings.Replace(srv.DSN, srv.Addr, proxy.Addr, 1)},
+		Names:    []string{"chaos-a", "chaos-b"},
+		Proxy:    proxy,
+		Requests: []func([]byte) bool{testserver.MatchPostgresQuery()},
+		Pause:    func(testing.TB) { srv.Pause() },
+		Resume:   func(testing.TB) { srv.Resume() },
+		Crash:    func(testing.TB) { srv.Restart() },
+	}
+}
+
+// StartMariaDB deploys one MariaDB server (every commit flushed to its redo log) with the
+// lock table created, and the FaultProxy in front of it.
+func StartMariaDB(t *testing.T) *Target {
+	t.Helper()
+	srv := testserver.StartMariaDB(t)
+	createTable(t, "mysql", srv.DSN)
+	proxy := testserver.StartFaultProxy(t, srv.Addr)
+	return &Target{
+		Backend:  "mariadb",
+		Conn:     Conn{Kind: "mysql", URI: strings.Replace(srv.DSN, srv.Addr, proxy.Addr, 1)},
+		Names:    []string{"chaos-a", "chaos-b"},
+		Proxy:    proxy,
+		Requests: []func([]byte) bool{testserver.MatchMySQLQuery()},
+		Pause:    srv.Pause,
+		Resume:   srv.Resume,
+		Crash:    srv.Restart,
+	}
+}
+
+// createTable creates the lock table of the SQL backend kind at dsn, as a deployment's
+// migration would before any instance starts.
+func createTable(tb testing.TB, kind, dsn string) {
+	tb.Helper()
+	b, closeClient, err := openStore(Conn{Kind: kind, URI: dsn})
+	if err != nil {
+		tb.Fatalf("chaos: %v", err)
+	}
+	defer closeClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.(interface{ CreateTable(context.Context) error }).CreateTable(ctx); err != nil {
+		tb.Fatalf("chaos: create the lock table: %v", err)
 	}
 }

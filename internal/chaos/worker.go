@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,12 +16,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/mongostore"
+	"github.com/guardlock/guard/mysqlstore"
+	"github.com/guardlock/guard/pgstore"
 	"github.com/guardlock/guard/redisstore"
 )
 
@@ -29,12 +34,12 @@ const WorkerEnv = "GUARD_CHAOS_WORKER"
 
 // Conn tells a worker how to reach the backend.
 type Conn struct {
-	Kind  string   // "redis", "cluster" or "mongo"
+	Kind  string   // "redis", "cluster", "mongo", "postgres" or "mysql"
 	Addrs []string // redis: the server's address; cluster: seed addresses
 	// Route maps a cluster node's address to the address to dial instead: the FaultProxy in
 	// front of that node.
 	Route    map[string]string `json:",omitempty"`
-	URI      string            `json:",omitempty"` // mongo
+	URI      string            `json:",omitempty"` // mongo, postgres, mysql (a DSN)
 	Database string            `json:",omitempty"` // mongo
 
 	// Sabotage breaks the lock on purpose, to show that the checks catch it. "steal": an
@@ -188,6 +193,29 @@ func openStore(c Conn) (guard.Backend, func(), error) {
 			_ = client.Disconnect(ctx)
 		}
 		return mongostore.New(client.Database(c.Database).Collection("locks")), closeClient, nil
+	case "postgres":
+		cfg, err := pgxpool.ParseConfig(c.URI)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ConnConfig.ConnectTimeout = time.Second
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return pgstore.New(pool), pool.Close, nil
+	case "mysql":
+		cfg, err := mysql.ParseDSN(c.URI)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
+		connector, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		db := sql.OpenDB(connector)
+		return mysqlstore.New(db), func() { _ = db.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("chaos: unknown backend kind %q", c.Kind)
 }

@@ -133,3 +133,45 @@ func MatchMongoCommand(name string) func(request []byte) bool {
 		return false
 	}
 }
+
+// MatchPostgresQuery returns a FaultProxy match function that accepts a chunk holding a
+// PostgreSQL frontend message that runs a statement: a Bind (the extended protocol, which pgx
+// uses for every query with arguments) or a simple Query. Every whole message in the chunk
+// counts; a chunk that starts mid-message, or a startup message, matches nothing.
+func MatchPostgresQuery() func(request []byte) bool {
+	return func(request []byte) bool {
+		for len(request) >= 5 {
+			kind := request[0]
+			n := int(binary.BigEndian.Uint32(request[1:5])) // counts itself, not the kind byte
+			if n < 4 || 1+n > len(request) {
+				return false
+			}
+			if kind == 'B' || kind == 'Q' {
+				return true
+			}
+			request = request[1+n:]
+		}
+		return false
+	}
+}
+
+// MatchMySQLQuery returns a FaultProxy match function that accepts a chunk holding a MySQL
+// client command that runs a statement: COM_QUERY (text protocol, as go-sql-driver sends a
+// query without arguments or with interpolated ones) or COM_STMT_EXECUTE. A command is a
+// packet with sequence number 0; a chunk that starts mid-packet matches nothing.
+func MatchMySQLQuery() func(request []byte) bool {
+	const comQuery, comStmtExecute = 0x03, 0x17
+	return func(request []byte) bool {
+		for len(request) >= 5 {
+			n := int(request[0]) | int(request[1])<<8 | int(request[2])<<16
+			if 4+n > len(request) || n == 0 {
+				return false
+			}
+			if seq, cmd := request[3], request[4]; seq == 0 && (cmd == comQuery || cmd == comStmtExecute) {
+				return true
+			}
+			request = request[4+n:]
+		}
+		return false
+	}
+}

@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -97,6 +98,61 @@ func TestMatchMongoCommand(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, MatchMongoCommand("update")(tt.request))
+		})
+	}
+}
+
+func TestMatchPostgresQuery(t *testing.T) {
+	msg := func(kind byte, body string) string {
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(4+len(body)))
+		return string(kind) + string(n[:]) + body
+	}
+	bind, execute, sync := msg('B', "\x00stmt\x00\x00\x00\x00\x00\x00\x00"), msg('E', "\x00\x00\x00\x00\x00"), msg('S', "")
+	tests := []struct {
+		name    string
+		request string
+		want    bool
+	}{
+		{"bind execute sync", bind + execute + sync, true},
+		{"simple query", msg('Q', "SELECT 1\x00"), true},
+		{"parse then bind", msg('P', "\x00SELECT $1\x00\x00\x00") + bind, true},
+		{"sync only", sync, false},
+		{"terminate", msg('X', ""), false},
+		{"startup message", "\x00\x00\x00\x08\x04\xd2\x16\x2f", false},
+		{"bind cut short", bind[:8], false},
+		{"empty", "", false},
+	}
+	match := MatchPostgresQuery()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, match([]byte(tt.request)))
+		})
+	}
+}
+
+func TestMatchMySQLQuery(t *testing.T) {
+	packet := func(seq byte, payload string) string {
+		n := len(payload)
+		return string([]byte{byte(n), byte(n >> 8), byte(n >> 16), seq}) + payload
+	}
+	tests := []struct {
+		name    string
+		request string
+		want    bool
+	}{
+		{"query", packet(0, "\x03SELECT 1"), true},
+		{"statement execute", packet(0, "\x17\x01\x00\x00\x00"), true},
+		{"ping", packet(0, "\x0e"), false},
+		{"query byte in a later packet of a command", packet(1, "\x03abc"), false},
+		{"after a ping", packet(0, "\x0e") + packet(0, "\x03SELECT 1"), true},
+		{"cut short", packet(0, "\x03SELECT 1")[:6], false},
+		{"empty", "", false},
+	}
+	match := MatchMySQLQuery()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, match([]byte(tt.request)))
 		})
 	}
 }
