@@ -254,7 +254,11 @@ func (h *History) checkWrites(r *Report, acqs []*Acquisition) {
 	high := map[string]uint64{} // per name: the highest fence accepted so far
 	logged := map[string]Write{}
 	for _, w := range h.Writes {
-		logged[fmt.Sprintf("%s/%d", w.Token, w.Seq)] = w
+		key := fmt.Sprintf("%s/%d", w.Token, w.Seq)
+		if _, dup := logged[key]; dup {
+			r.Problems = append(r.Problems, fmt.Sprintf("write %s logged twice: writes must be numbered once per lock", key))
+		}
+		logged[key] = w
 		stale := w.Fence < high[w.Name]
 		switch {
 		case w.Accepted && stale:

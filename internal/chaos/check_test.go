@@ -198,6 +198,17 @@ func TestCheck(t *testing.T) {
 		},
 		want: chaos.Report{Linearizable: "ok"},
 		fail: true,
+	}, {
+		name: "a write number used twice by one lock",
+		build: func(b *history) {
+			a := b.grant(0, "x", 1, 0, 2, 600)
+			b.write(0, a, "x", 1, 10, true)
+			b.n-- // the next write reuses the number
+			b.write(0, a, "x", 1, 20, true)
+			b.released(0, a, 100)
+		},
+		want: chaos.Report{Linearizable: "ok"},
+		fail: true,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

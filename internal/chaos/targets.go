@@ -157,18 +157,11 @@ func StartMongo(t *testing.T) *Target {
 func StartPostgres(t *testing.T) *Target {
 	t.Helper()
 	srv := testserver.StartPostgresServer(t)
-	createTable(t, "postgres", srv.DSN)
-	proxy := testserver.StartFaultProxy(t, srv.Addr)
-	return &Target{
-		Backend:  "postgres",
-		Conn:     Conn{Kind: "postgres", URI: strings.Replace(srv.DSN, srv.Addr, proxy.Addr, 1)},
-		Names:    []string{"chaos-a", "chaos-b"},
-		Proxy:    proxy,
-		Requests: []func([]byte) bool{testserver.MatchPostgresQuery()},
-		Pause:    func(testing.TB) { srv.Pause() },
-		Resume:   func(testing.TB) { srv.Resume() },
-		Crash:    func(testing.TB) { srv.Restart() },
-	}
+	target := sqlTarget(t, "postgres", "postgres", srv.DSN, srv.Addr, testserver.MatchPostgresQuery())
+	target.Pause = func(testing.TB) { srv.Pause() }
+	target.Resume = func(testing.TB) { srv.Resume() }
+	target.Crash = func(testing.TB) { srv.Restart() }
+	return target
 }
 
 // StartMariaDB deploys one MariaDB server (every commit flushed to its redo log) with the
@@ -176,23 +169,16 @@ func StartPostgres(t *testing.T) *Target {
 func StartMariaDB(t *testing.T) *Target {
 	t.Helper()
 	srv := testserver.StartMariaDB(t)
-	createTable(t, "mysql", srv.DSN)
-	proxy := testserver.StartFaultProxy(t, srv.Addr)
-	return &Target{
-		Backend:  "mariadb",
-		Conn:     Conn{Kind: "mysql", URI: strings.Replace(srv.DSN, srv.Addr, proxy.Addr, 1)},
-		Names:    []string{"chaos-a", "chaos-b"},
-		Proxy:    proxy,
-		Requests: []func([]byte) bool{testserver.MatchMySQLQuery()},
-		Pause:    srv.Pause,
-		Resume:   srv.Resume,
-		Crash:    srv.Restart,
-	}
+	target := sqlTarget(t, "mariadb", "mysql", srv.DSN, srv.Addr, testserver.MatchMySQLQuery())
+	target.Pause, target.Resume, target.Crash = srv.Pause, srv.Resume, srv.Restart
+	return target
 }
 
-// createTable creates the lock table of the SQL backend kind at dsn, as a deployment's
-// migration would before any instance starts.
-func createTable(tb testing.TB, kind, dsn string) {
+// sqlTarget creates the lock table of the SQL backend kind on the server at addr, which dsn
+// reaches, as a deployment's migration would before any instance starts; then it puts a
+// FaultProxy in front of the server and returns a Target whose workers dial dsn through it.
+// match recognises the statements whose replies may be lost or delayed.
+func sqlTarget(tb testing.TB, backend, kind, dsn, addr string, match func([]byte) bool) *Target {
 	tb.Helper()
 	b, closeClient, err := openStore(Conn{Kind: kind, URI: dsn})
 	if err != nil {
@@ -203,5 +189,13 @@ func createTable(tb testing.TB, kind, dsn string) {
 	defer cancel()
 	if err := b.(interface{ CreateTable(context.Context) error }).CreateTable(ctx); err != nil {
 		tb.Fatalf("chaos: create the lock table: %v", err)
+	}
+	proxy := testserver.StartFaultProxy(tb, addr)
+	return &Target{
+		Backend:  backend,
+		Conn:     Conn{Kind: kind, URI: strings.Replace(dsn, addr, proxy.Addr, 1)},
+		Names:    []string{"chaos-a", "chaos-b"},
+		Proxy:    proxy,
+		Requests: []func([]byte) bool{match},
 	}
 }

@@ -227,6 +227,7 @@ type worker struct {
 	rec  *recorder
 	rng  *rand.Rand
 	http *http.Client
+	seq  int // the number of the last write sent under the lock held now
 }
 
 // round makes one acquisition attempt and, when it is granted, holds the lock for a while
@@ -263,6 +264,7 @@ func (w *worker) round(ctx context.Context, call string) {
 		Kind: EvGrant, At: l.AcquiredAt().UnixNano(), Call: call, Token: l.Token(), Name: name,
 		Fence: l.Fence(), Deadline: l.Deadline().UnixNano(),
 	})
+	w.seq = 0
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
@@ -326,7 +328,7 @@ func (w *worker) writes(l *guard.Lock, n int) {
 		if i > 1 && !w.pause(l.Context(), w.between(10*time.Millisecond, 120*time.Millisecond)) {
 			return
 		}
-		if !w.write(l, i) {
+		if !w.write(l) {
 			return
 		}
 	}
@@ -335,8 +337,8 @@ func (w *worker) writes(l *guard.Lock, n int) {
 // writeFor sends fenced writes every 50–150 ms for d, while the lock's context lives.
 func (w *worker) writeFor(l *guard.Lock, d time.Duration) {
 	end := time.Now().Add(d)
-	for i := 1; ; i++ {
-		if !w.write(l, i) {
+	for {
+		if !w.write(l) {
 			return
 		}
 		left := time.Until(end)
@@ -346,12 +348,16 @@ func (w *worker) writeFor(l *guard.Lock, d time.Duration) {
 	}
 }
 
-// write sends fenced write number seq of l, if l's context lives — as the protected work
-// would — and reports whether the context still lived.
-func (w *worker) write(l *guard.Lock, seq int) bool {
+// write sends the next fenced write of l, if l's context lives — as the protected work
+// would — and reports whether the context still lived. A lock's writes are numbered from 1
+// across all its jobs' steps: the check matches each one with the resource's log by token
+// and number.
+func (w *worker) write(l *guard.Lock) bool {
 	if l.Context().Err() != nil {
 		return false
 	}
+	w.seq++
+	seq := w.seq
 	w.rec.emit(Event{Kind: EvWrite, At: now(), Token: l.Token(), Seq: seq, Fence: l.Fence()})
 	q := url.Values{
 		"name": {l.Name()}, "fence": {strconv.FormatUint(l.Fence(), 10)},
