@@ -31,7 +31,7 @@ func (b *lostReply) Acquire(ctx context.Context, r guard.Request) (uint64, error
 	lost := false
 	b.once.Do(func() { lost = err == nil })
 	if lost {
-		return 0, errors.New("read tcp 127.0.0.1:6379: connection reset by peer")
+		return 0, errors.New("read tcp 127.0.0.1:40001: connection reset by peer")
 	}
 	return fence, err
 }
@@ -92,7 +92,7 @@ func TestLocalReleaseWakesWithoutNotice(t *testing.T) {
 type failingRelease struct{ guard.Backend }
 
 func (failingRelease) Release(context.Context, string, string, time.Duration) error {
-	return errors.New("dial tcp 127.0.0.1:6379: connection refused")
+	return errors.New("dial tcp 127.0.0.1:40001: connection refused")
 }
 
 // TestDoAfterTheWorkSucceeded (defect 6): when fn succeeded and only the release failed, Do
@@ -318,7 +318,7 @@ func (b lostExtendReply) Extend(ctx context.Context, leases []guard.Lease) []err
 	errs := b.Backend.Extend(ctx, leases)
 	for i, err := range errs {
 		if err == nil {
-			errs[i] = errors.New("read tcp 127.0.0.1:3306: connection reset by peer")
+			errs[i] = errors.New("read tcp 127.0.0.1:40001: connection reset by peer")
 		}
 	}
 	return errs

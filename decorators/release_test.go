@@ -18,7 +18,7 @@ import (
 // the call's error: the call returns the function's results, and the observer hears of it.
 // A release that finds the lock gone is: the work may not have run alone (guard.Guard.Do).
 func TestReleaseFailsAfterWork(t *testing.T) {
-	down := errors.New("dial tcp 10.0.0.9:6379: connection refused")
+	down := errors.New("dial tcp 10.0.0.9:40001: connection refused")
 	for _, tc := range []struct {
 		name    string
 		release error

@@ -451,7 +451,7 @@ func TestBackendFailure(t *testing.T) {
 // failing is a backend whose server is down.
 type failing struct{}
 
-var errDown = errors.New("dial tcp 10.0.0.9:6379: connection refused")
+var errDown = errors.New("dial tcp 10.0.0.9:40001: connection refused")
 
 func (failing) Acquire(context.Context, guard.Request) (uint64, error) {
 	return 0, errDown

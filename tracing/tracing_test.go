@@ -304,7 +304,7 @@ func TestNoCallerSpan(t *testing.T) {
 // broken is a backend whose server does not answer.
 type broken struct{ *memstore.Store }
 
-var errUnreachable = errors.New("dial tcp 127.0.0.1:6379: connection refused")
+var errUnreachable = errors.New("dial tcp 127.0.0.1:40001: connection refused")
 
 func (broken) Acquire(context.Context, guard.Request) (uint64, error) {
 	return 0, errUnreachable

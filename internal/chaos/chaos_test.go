@@ -37,18 +37,6 @@ var backends = []struct {
 	{"mariadb", chaos.StartMariaDB},
 }
 
-// TestChaosWorker is the main function of a worker process, not a test: it does nothing
-// unless the chaos run started this binary as a worker.
-func TestChaosWorker(t *testing.T) {
-	ran, err := chaos.WorkerMain()
-	if !ran {
-		t.Skip("not a chaos worker: run by TestChaos")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestChaos runs workers in separate processes against each backend while faults are
 // injected at random, and checks the recorded history: validity windows never overlap, the
 // lock history is linearizable, the fenced resource accepted writes in fence order only, and
@@ -63,7 +51,7 @@ func TestChaos(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			target := b.start(t)
 			r := chaos.Run(t, target, chaos.Options{
-				Seed: seed, Duration: *durationFlag, Workers: *workersFlag, WorkerTest: "TestChaosWorker",
+				Seed: seed, Duration: *durationFlag, Workers: *workersFlag,
 			})
 			summaries = append(summaries, r.Summary())
 			t.Log(r.Summary())
@@ -87,7 +75,7 @@ func TestChaosCatchesABrokenLock(t *testing.T) {
 	target := chaos.StartRedis(t)
 	target.Conn.Sabotage = "steal"
 	r := chaos.Run(t, target, chaos.Options{
-		Seed: seed, Duration: 4 * time.Second, NoFaults: true, WorkerTest: "TestChaosWorker",
+		Seed: seed, Duration: 4 * time.Second, NoFaults: true,
 	})
 	t.Log(r.Summary())
 	assert.True(t, r.Failed(), "a lock that steals held names passed the checks")

@@ -48,9 +48,6 @@ type Options struct {
 	Duration time.Duration // how long faults are injected
 	Workers  int           // worker processes at any time; at least 4
 	NoFaults bool          // inject nothing: the workers just run for Duration
-	// WorkerTest is the name of the test function of the running test binary that calls
-	// WorkerMain: the workers are this binary, run again with -test.run=^WorkerTest$.
-	WorkerTest string
 }
 
 // Timings of a run.
@@ -167,7 +164,8 @@ func (c *coordinator) spawn(id, inc int) {
 	if err != nil {
 		c.tb.Fatalf("chaos: worker config: %v", err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+c.opt.WorkerTest+"$", "-test.count=1")
+	// The worker is this test binary again: its TestMain calls WorkerMain, which finds cfg.
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(raw))
 	w := &workerProc{id: id, inc: inc, cmd: cmd, reaped: make(chan struct{}), drained: make(chan struct{})}
 	cmd.Stderr = &w.stderr
@@ -392,7 +390,7 @@ func (c *coordinator) stopWorker() string {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return fmt.Sprintf("w%d.%d: %v", w.id, w.inc, err)
 	}
-	waitStopped(pid)
+	_ = testserver.WaitStopped(pid) // a process /proc cannot see stops before it next runs
 	from := now()
 	c.sleep(maxLease + c.between(200*time.Millisecond, 800*time.Millisecond))
 	to := now()
@@ -401,24 +399,6 @@ func (c *coordinator) stopWorker() string {
 	c.hist.Stops = append(c.hist.Stops, Stop{Worker: w.id, Inc: w.inc, From: from, To: to})
 	c.mu.Unlock()
 	return fmt.Sprintf("w%d.%d for %v", w.id, w.inc, time.Duration(to-from).Round(time.Millisecond))
-}
-
-// waitStopped polls /proc until process pid is stopped, for up to a second: from then on it
-// runs nothing. Where /proc cannot tell, it returns at once.
-func waitStopped(pid int) {
-	stat := fmt.Sprintf("/proc/%d/stat", pid)
-	for range 1000 {
-		b, err := os.ReadFile(stat)
-		if err != nil {
-			return
-		}
-		// pid (comm) state …: the state follows the last ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) || b[i+2] == 'T' {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // stop tells every worker to stop (closes its stdin), waits for them to release and exit,

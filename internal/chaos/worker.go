@@ -66,7 +66,8 @@ type WorkerConfig struct {
 
 // WorkerMain runs a worker process when the environment carries a WorkerConfig, and reports
 // false at once otherwise. The worker writes its history to stdout and runs until its stdin
-// is closed. Call it from the test function that Options.WorkerTest names.
+// is closed. Call it first thing in the TestMain of the test binary that calls Run: the
+// workers are that binary, started again.
 func WorkerMain() (ran bool, err error) {
 	raw := os.Getenv(WorkerEnv)
 	if raw == "" {

@@ -1,7 +1,6 @@
 package testserver
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -223,13 +222,9 @@ func allStopped(pid int) error {
 		return nil // no /proc to tell: the signal is delivered before a thread runs again
 	}
 	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // the thread ended
-		}
-		// The state follows the command name, which is in parentheses.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] != 'T' {
-			return fmt.Errorf("thread %s is in state %q", filepath.Base(filepath.Dir(f)), b[i+2])
+		// A thread that ended has no stat file any more.
+		if _, state, ok := statFile(f); ok && state != 'T' {
+			return fmt.Errorf("thread %s is in state %q", filepath.Base(filepath.Dir(f)), state)
 		}
 	}
 	return nil

@@ -325,23 +325,3 @@ func alive(pid int) bool {
 	_, state, ok := procStat(pid)
 	return ok && state != 'Z' && state != 'X'
 }
-
-// procStat returns the parent pid and state of pid from /proc/<pid>/stat.
-func procStat(pid int) (ppid int, state byte, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, false
-	}
-	// pid (comm) state ppid …; comm may hold spaces and parentheses: cut at the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	fields := strings.Fields(s[i+1:])
-	if len(fields) < 2 || len(fields[0]) != 1 {
-		return 0, 0, false
-	}
-	ppid, err = strconv.Atoi(fields[1])
-	return ppid, fields[0][0], err == nil
-}

@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -197,25 +196,14 @@ func (p *Process) resume(r *run) error {
 func (p *Process) waitState(r *run, stopped bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	stat := fmt.Sprintf("/proc/%d/stat", r.cmd.Process.Pid)
+	pid := r.cmd.Process.Pid
 	return poll(ctx, time.Millisecond, func() error {
 		select {
 		case <-r.done:
 			return nil // exited: neither stopped nor running any more
 		default:
 		}
-		b, err := os.ReadFile(stat)
-		if err != nil {
-			return nil
-		}
-		// pid (comm) state ...: comm may hold spaces and parentheses, the state follows the
-		// last ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 || i+2 >= len(s) {
-			return nil
-		}
-		if state := s[i+2]; (state == 'T') != stopped {
+		if _, state, ok := procStat(pid); ok && (state == 'T') != stopped {
 			return fmt.Errorf("process state is %q", state)
 		}
 		return nil
