@@ -19,11 +19,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/holdertest"
 	"github.com/guardlock/guard/internal/testserver"
 	"github.com/guardlock/guard/mongostore"
 )
 
 func TestMain(m *testing.M) {
+	holdertest.Main(openHolder)
 	goleak.VerifyTestMain(m)
 }
 

@@ -16,10 +16,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/holdertest"
 	"github.com/guardlock/guard/internal/testserver"
 )
 
 func TestMain(m *testing.M) {
+	holdertest.Main(openHolder)
 	// The driver logs connections it finds broken, which the crash tests break on purpose.
 	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
 	goleak.VerifyTestMain(m)

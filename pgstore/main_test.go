@@ -13,10 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/guardlock/guard/internal/holdertest"
 	"github.com/guardlock/guard/internal/testserver"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	holdertest.Main(openHolder)
+	goleak.VerifyTestMain(m)
+}
 
 // server is one PostgreSQL server of a test and a table of its own on it.
 type server struct {

@@ -17,10 +17,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/holdertest"
 	"github.com/guardlock/guard/internal/testserver"
 )
 
 func TestMain(m *testing.M) {
+	holdertest.Main(openHolder)
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)
 }
