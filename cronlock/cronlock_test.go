@@ -34,7 +34,7 @@ func startFleet(t *testing.T, open func(*testing.T) guard.Backend, log *guardtes
 	name := lockName(t)
 	f := &fleet{log: log, fired: make(chan int, 10000)}
 	for i := range instances {
-		g := newGuard(t, open)
+		g := guardtest.Instance(t, open)
 		l := &logs{}
 		f.logs = append(f.logs, l)
 		wrap, err := cronlock.SkipIfLocked(g, name, append(opts, cronlock.Logger(l))...)

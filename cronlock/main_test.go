@@ -1,8 +1,6 @@
 package cronlock_test
 
 import (
-	"context"
-	crand "crypto/rand"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -11,11 +9,7 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/guardlock/guard"
 )
 
 // Crons, Guards and servers start goroutines: none may outlive a test.
@@ -36,20 +30,6 @@ const (
 // lockName returns a lock name no other test uses.
 func lockName(t *testing.T) string {
 	return "cronlock-test:" + strings.ReplaceAll(t.Name(), "/", ":")
-}
-
-// newGuard returns a Guard on a new client of the server — a service instance — closed when
-// the test ends. It has taken a lock already, so that its client has connected (and mongostore
-// has measured the server's clock) before the first tick: a first run that waits for that
-// holds its window that much later, into the next tick.
-func newGuard(t *testing.T, open func(*testing.T) guard.Backend, opts ...guard.Option) *guard.Guard {
-	t.Helper()
-	g := guard.New(open(t), opts...)
-	t.Cleanup(func() { assert.NoError(t, g.Close(context.Background())) })
-	l, err := g.TryAcquire(t.Context(), "warm-up:"+crand.Text())
-	require.NoError(t, err)
-	require.NoError(t, l.Release(t.Context()))
-	return g
 }
 
 // skewed is a cron.Schedule that fires every period from t0, each tick early by a random

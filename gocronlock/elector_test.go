@@ -59,7 +59,7 @@ func startElectorFleet(t *testing.T, open func(*testing.T) guard.Backend) *elect
 		f.guards[i] = g
 		// A dead instance's Guard cannot release: its Close error is expected.
 		t.Cleanup(func() { _ = g.Close(context.Background()) })
-		warmUp(t, g)
+		guardtest.WarmUp(t, g)
 		e, err := gocronlock.NewElector(g, name, gocronlock.Settle(hold), gocronlock.OnElected(func(l *guard.Lock) {
 			ev := election{instance: i, fence: l.Fence(), at: time.Now()}
 			f.mu.Lock()

@@ -36,7 +36,7 @@ func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, op
 	fired := make(chan int, instances*(sc.ticks+20)) // each instance, at each tick it fired
 	var fleet []*scheduler
 	for i := range instances {
-		g := newGuard(t, open)
+		g := guardtest.Instance(t, open)
 		locker, err := gocronlock.NewLocker(g, opts...)
 		require.NoError(t, err)
 		s := newScheduler(t, gocron.WithDistributedLocker(splayedLocker{locker}))

@@ -2,7 +2,6 @@ package gocronlock_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	mrand "math/rand/v2"
 	"strings"
@@ -37,26 +36,6 @@ const (
 // lockName returns a lock (and job) name no other test uses.
 func lockName(t *testing.T) string {
 	return "gocronlock-test:" + strings.ReplaceAll(t.Name(), "/", ":")
-}
-
-// newGuard returns a Guard on a new client of the server — a service instance — closed when
-// the test ends.
-func newGuard(t *testing.T, open func(*testing.T) guard.Backend, opts ...guard.Option) *guard.Guard {
-	t.Helper()
-	g := guard.New(open(t), opts...)
-	t.Cleanup(func() { assert.NoError(t, g.Close(context.Background())) })
-	warmUp(t, g)
-	return g
-}
-
-// warmUp takes and releases a lock of its own on g, so that the client has connected (and
-// mongostore has measured the server's clock) before the first tick: a first run that waits
-// for that holds its window that much later, into the next tick.
-func warmUp(t *testing.T, g *guard.Guard) {
-	t.Helper()
-	l, err := g.TryAcquire(t.Context(), "warm-up:"+rand.Text())
-	require.NoError(t, err)
-	require.NoError(t, l.Release(t.Context()))
 }
 
 // scheduler is a gocron.Scheduler that the test shuts down once, at the latest when it ends.

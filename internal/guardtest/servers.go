@@ -2,6 +2,7 @@ package guardtest
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"testing"
 	"time"
@@ -122,5 +123,33 @@ func startMariaDB(t *testing.T) func(*testing.T) guard.Backend {
 			first = false
 		}
 		return s
+	}
+}
+
+// Instance returns a Guard with opts on a new client from open — a service instance on a
+// Server — warmed up (WarmUp); the test fails if it does not close cleanly when the test ends.
+func Instance(t *testing.T, open func(*testing.T) guard.Backend, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	g := guard.New(open(t), opts...)
+	t.Cleanup(func() {
+		if err := g.Close(context.Background()); err != nil {
+			t.Errorf("guardtest: close the Guard: %v", err)
+		}
+	})
+	WarmUp(t, g)
+	return g
+}
+
+// WarmUp takes and releases a lock of its own on g, so that g's client has connected (and
+// mongostore has measured the server's clock) before a test's first tick: a first run that
+// waited for that would hold its window that much later, into the next tick.
+func WarmUp(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	l, err := g.TryAcquire(t.Context(), "warm-up:"+rand.Text())
+	if err != nil {
+		t.Fatalf("guardtest: warm up: %v", err)
+	}
+	if err := l.Release(t.Context()); err != nil {
+		t.Fatalf("guardtest: warm up: %v", err)
 	}
 }
