@@ -35,8 +35,11 @@ type FaultProxy struct {
 
 	toServer, toClient atomic.Int64 // latency per direction, in nanoseconds
 	blackholed         atomic.Bool
-	refusing           atomic.Bool
-	stats              proxyCounters
+	// isolated, when set, picks the connections a partial blackhole cuts, by their first
+	// chunk from the client (BlackholeConns).
+	isolated atomic.Pointer[func(first []byte) bool]
+	refusing atomic.Bool
+	stats    proxyCounters
 
 	mu     sync.Mutex // protects conns, faults and closed
 	conns  map[*proxyConn]struct{}
@@ -110,9 +113,31 @@ func (p *FaultProxy) SetLatency(toServer, toClient time.Duration) {
 // client that waits for a reply waits until its own timeout.
 func (p *FaultProxy) Blackhole() { p.blackholed.Store(true) }
 
-// Heal ends a Blackhole: bytes read from now on are relayed again, on the connections that
-// were open during the partition as on new ones.
-func (p *FaultProxy) Heal() { p.blackholed.Store(false) }
+// BlackholeConns partitions only the connections whose first chunk of bytes from the client
+// match accepts — a connection whose client said nothing yet is not one of them — as Blackhole
+// does all of them, until Heal. It serves protocols whose connections open with a request
+// that says who dials, such as the peer traffic of a consensus cluster (etcd's peers name
+// themselves in an X-Server-From header): then one peer can be cut off from the others on the
+// proxies in front of them. A later call replaces the choice.
+func (p *FaultProxy) BlackholeConns(match func(first []byte) bool) { p.isolated.Store(&match) }
+
+// Heal ends a Blackhole and a BlackholeConns: bytes read from now on are relayed again, on new
+// connections and on those that were open but idle during the partition. A connection that
+// lost bytes to the partition is reset instead, and relays nothing more in the meantime: TCP
+// never delivers a stream with a hole in it — across a real partition it retransmits until
+// the connection times out — and protocols that encode a message relative to the one before
+// (etcd's raft stream does) would read the bytes after a hole as garbage.
+func (p *FaultProxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackholed.Store(false)
+	p.isolated.Store(nil)
+	for c := range p.conns {
+		if c.torn.Load() && c.cut(true) {
+			p.stats.reset.Add(1)
+		}
+	}
+}
 
 // Reset closes every open connection with a TCP RST (SO_LINGER 0) on both sides: its
 // client and the server see "connection reset". New connections are accepted as before,
@@ -280,6 +305,29 @@ type proxyConn struct {
 
 	mu    sync.Mutex // protects reply
 	reply *Fault     // armed on this connection: acts on the next bytes from the server
+
+	first atomic.Pointer[[]byte] // the first chunk from the client, for BlackholeConns
+	torn  atomic.Bool            // bytes were discarded in a partition: relay nothing more (Heal)
+}
+
+// firstChunkKept bounds how much of a connection's first chunk BlackholeConns sees.
+const firstChunkKept = 4 << 10
+
+// blackholed reports whether c's bytes are to be discarded now: a partition holds it, or one
+// did and discarded some of its bytes already. Discarding marks c torn.
+func (c *proxyConn) blackholed() bool {
+	if c.torn.Load() {
+		return true
+	}
+	cut := c.p.blackholed.Load()
+	if match := c.p.isolated.Load(); !cut && match != nil {
+		first := c.first.Load()
+		cut = first != nil && (*match)(*first)
+	}
+	if cut {
+		c.torn.Store(true)
+	}
+	return cut
 }
 
 // chunk is what one read returned, stamped with when it was read.
@@ -316,8 +364,12 @@ func (c *proxyConn) read(src net.Conn, out chan<- chunk, fromServer bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			ch := chunk{b: buf[:n], at: time.Now()}
+			if !fromServer && c.first.Load() == nil {
+				first := append([]byte(nil), buf[:min(n, firstChunkKept)]...)
+				c.first.Store(&first)
+			}
 			switch {
-			case c.p.blackholed.Load():
+			case c.blackholed():
 				c.p.stats.discarded.Add(1)
 				ch.b = nil
 			case fromServer:
@@ -367,7 +419,7 @@ func (c *proxyConn) write(dst net.Conn, in <-chan chunk, toServer bool) {
 				return
 			}
 		}
-		if c.p.blackholed.Load() {
+		if c.blackholed() {
 			c.p.stats.discarded.Add(1)
 			continue
 		}

@@ -180,6 +180,68 @@ func TestFaultProxyBlackhole(t *testing.T) {
 	require.ErrorIs(t, direct.Get(t.Context(), "lost").Err(), redis.Nil, "a request sent during the partition arrived")
 }
 
+// TestFaultProxyHealResetsTornConns: a connection whose bytes a partition discarded is reset
+// when it heals, not relayed on with a hole in its stream — the second of two pipelined
+// PINGs, one lost and one sent after Heal, must not be answered on that connection.
+func TestFaultProxyHealResetsTornConns(t *testing.T) {
+	r := StartRedis(t)
+	p := StartFaultProxy(t, r.Addr)
+	torn, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = torn.Close() })
+	idle, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = idle.Close() })
+	ping := func(c net.Conn) (string, error) {
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return "", err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(faultWait))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	_, err = ping(idle)
+	require.NoError(t, err)
+
+	p.Blackhole()
+	_, err = torn.Write([]byte("PING\r\n"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return p.Stats().Discarded > 0 }, faultWait, time.Millisecond)
+	p.Heal()
+
+	reply, err := ping(torn)
+	require.Error(t, err, "the connection went on after a hole in its stream: %q", reply)
+	assert.Equal(t, int64(1), p.Stats().Reset)
+	reply, err = ping(idle)
+	require.NoError(t, err, "a connection idle during the partition was cut")
+	assert.Equal(t, "+PONG\r\n", reply)
+}
+
+// TestFaultProxyBlackholeConns cuts off the connections of one client, recognised by the name
+// it gives in its first request, and leaves the other client's alone.
+func TestFaultProxyBlackholeConns(t *testing.T) {
+	r := StartRedis(t)
+	p := StartFaultProxy(t, r.Addr)
+	client := func(name string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: p.Addr, ClientName: name, MaxRetries: -1,
+			ReadTimeout: 300 * time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		require.NoError(t, c.Ping(t.Context()).Err())
+		return c
+	}
+	cut, kept := client("cut-off"), client("kept")
+
+	p.BlackholeConns(func(first []byte) bool { return strings.Contains(string(first), "cut-off") })
+	var netErr net.Error
+	err := cut.Incr(t.Context(), "lost").Err()
+	require.ErrorAs(t, err, &netErr, "the chosen client's request got through")
+	assert.True(t, netErr.Timeout(), "want a timeout, got %v", err)
+	require.NoError(t, kept.Incr(t.Context(), "kept").Err(), "another client's request was cut")
+
+	p.Heal()
+	require.NoError(t, client("cut-off").Ping(t.Context()).Err())
+	require.NoError(t, kept.Ping(t.Context()).Err())
+}
+
 // TestFaultProxyResetRefuse resets open connections, then refuses new ones until allowed.
 func TestFaultProxyResetRefuse(t *testing.T) {
 	p, via, _ := proxied(t, nil)

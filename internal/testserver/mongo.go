@@ -98,14 +98,35 @@ func StartFerretDB(tb testing.TB) *Mongo {
 	bin := ferretdb.binary(tb)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
 	proc := Start(tb, addr, ferretdbHint, bin, "-listen", addr, "-data", tb.TempDir())
+	database := databaseName(tb)
+	createDatabase(tb, "mongodb://"+addr+"/?directConnection=true", database)
 	proxy := StartWireProxy(tb, addr)
 	return &Mongo{
 		URI:      "mongodb://" + proxy.Addr + "/?directConnection=true",
 		RawURI:   "mongodb://" + addr + "/?directConnection=true",
-		Database: databaseName(tb),
+		Database: database,
 		Proxy:    proxy,
 		tb:       tb,
 		proc:     proc,
+	}
+}
+
+// createDatabase makes database on the server at uri with one write. FerretDB makes a
+// database's SQLite file and its metadata table on its first write: a SIGKILL in between left a
+// file that a restarted FerretDB refuses ("no such table: _ferretdb_collections"), which a
+// chaos run's first crash once hit. Made here, the database exists before any test kills the
+// server.
+func createDatabase(tb testing.TB, uri, database string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), mongoReadyTimeout)
+	defer cancel()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(mongoReadyTimeout))
+	if err != nil {
+		tb.Fatalf("testserver: FerretDB at %s: %v", uri, err)
+	}
+	defer func() { _ = client.Disconnect(ctx) }()
+	if _, err := client.Database(database).Collection("testserver").InsertOne(ctx, map[string]any{"ready": true}); err != nil {
+		tb.Fatalf("testserver: FerretDB at %s: create database %s: %v", uri, database, err)
 	}
 }
 
