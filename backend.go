@@ -34,7 +34,7 @@ type Backend interface {
 	// backend failure and must not match ErrNotAcquired.
 	//
 	// The backend records r.Instance and r.Label with the lock, and the time it granted it,
-	// in the same round trip, for Inspector.
+	// in the same round trip, for Inspector (see Request for what it may change in them).
 	//
 	// A backend may keep a wait queue per name (see Request.Wait): then a free name goes to
 	// the caller that has waited longest, across all processes, and a caller that did not
@@ -46,6 +46,10 @@ type Backend interface {
 	// extended, ErrNotHeld (or an error matching it) when the name is free or held by
 	// another token, or a backend failure. A backend should send the whole batch in as few
 	// round trips as it can (the watchdog renews the locks of a Guard in one call per tick).
+	//
+	// The batch acts as the leases would one after another: when it names one lock — name and
+	// token — more than once, the last of those leases stands, and each is answered as
+	// extended.
 	Extend(ctx context.Context, leases []Lease) []error
 
 	// Release gives name up if token still holds it, and returns ErrNotHeld (or an error
@@ -76,12 +80,66 @@ type Request struct {
 	// Instance identifies the process that asks, for operators (WithInstance: a host name
 	// and process id by default).
 	Instance string
-	Label    string // the acquisition's Label, or ""
+	// Label is the acquisition's Label, or "".
+	//
+	// Instance and Label are for people, and hold whatever bytes the caller gave. A backend
+	// never fails an acquisition for them. It keeps them as given, or — when its server
+	// keeps text — with each NUL byte and each run of bytes that is not valid UTF-8 replaced
+	// by U+FFFD, and it may cut them to MinMetadataLen characters or more.
+	Label string
 	// Wait tells a backend with a wait queue that the caller will wait if the name is busy:
 	// the backend queues Token (or keeps its place, refreshed by every request it sends) and
 	// says so in BusyError.Queued. A caller that makes one attempt leaves it false.
 	Wait bool
+	// Attempt numbers the requests of one acquisition: 1, 2, … A backend with a wait queue
+	// keeps the number of the request that last refreshed a waiter's place, and says it in
+	// the Notice of a hand-over (Notice.Attempt): the Guard counts the handed-over lease from
+	// when that request was sent.
+	Attempt int
+	// Shared asks a backend that implements Sharing for a shared hold: several shared
+	// holders hold the name at once — at most Limit of them when Limit > 0 (a semaphore's
+	// permits), any number when Limit is 0 (the readers of a read-write lock) — while no
+	// exclusive holder (Shared false: a mutex, a writer) does. A shared request is granted
+	// when no exclusive holder holds the name, fewer than its own Limit shared holders do
+	// (a MinHold window kept after a release counts as a holder), and no waiter queued
+	// before it, shared or exclusive, waits: so a waiting writer is not passed by readers
+	// that came after it. Every grant, shared or not, has its own token and fence; the
+	// fences of a name keep increasing across both. A backend without Sharing is never sent
+	// a shared request.
+	Shared bool
+	Limit  int
+	// Value is what the holder publishes with its lock — an election's leader value — for
+	// Inspect (LockInfo.Value). A backend keeps it as it keeps Label.
+	Value string
 }
+
+// Batcher is implemented by backends that can try to take several names at once, all or
+// none, in fewer round trips than one per name (one per Redis Cluster slot, say).
+// Guard.AcquireAll sends its names to it first, and takes them one by one, in canonical
+// order, only when they are not all free.
+type Batcher interface {
+	// AcquireAll makes one attempt to take every request's name, as Acquire does for each,
+	// and grants all of them or none. It returns a fence per request, in order, or the first
+	// busy answer (a *BusyError), or a backend failure; in both of the last cases it holds
+	// none of the names. A request whose token holds its name already is a retry: it
+	// succeeds again, as Acquire's would.
+	AcquireAll(ctx context.Context, reqs []Request) ([]uint64, error)
+}
+
+// Sharing is implemented by backends that honour Request.Shared and Request.Limit: the ones
+// Guard.Semaphore and Guard.RWMutex accept. Extend and Release act on one holder, by its
+// token, as they do for an exclusive lock; a release hands the slot it frees to the first
+// waiters that fit; Inspect reports one holder of a shared name (the newest) and how many
+// there are (LockInfo.Holders); List reports each holder; ForceRelease with a fence frees
+// that holder, with 0 every holder.
+type Sharing interface {
+	// SharedLocks tells that the backend implements Sharing; it does nothing.
+	SharedLocks()
+}
+
+// MinMetadataLen is the fewest characters of Request.Instance, Request.Label and
+// Request.Value that a backend keeps: the length of a SQL column that holds them.
+const MinMetadataLen = 255
 
 // Lease names one held lock to extend.
 type Lease struct {
@@ -111,9 +169,17 @@ type Notice struct {
 	Token string
 	// Next, when set, is the waiter the backend handed the name to (a backend with a wait
 	// queue): it holds the lock already, with Fence, and the Guard that waits with that token
-	// takes it without another request. Other Guards ignore the notice.
+	// takes it without another request.
 	Next  string
 	Fence uint64
+	// Lease, with Next, is the lease the backend gave Next, when it knows it: the other
+	// Guards' waiters ask again when it could run out (a waiter whose process died holds
+	// the name no longer than that).
+	Lease time.Duration
+	// Attempt, with Next, is Request.Attempt of the request that last refreshed Next's
+	// place before the hand-over, or 0 when the backend does not know it (the Guard then
+	// confirms the lock with a round trip before it trusts it).
+	Attempt int
 }
 
 // Subscription is a live stream of notices for a set of names.
@@ -151,13 +217,19 @@ type Inspector interface {
 	// resized between pages, and callers that need each name once skip repeats.
 	List(ctx context.Context, prefix, cursor string, limit int) (page []LockInfo, next string, err error)
 
-	// ForceRelease frees name whoever holds it, keeping its fence, and tells waiters (with
-	// a Notice without a token: no Guard released it itself). The
-	// holder's next renewal finds the lock gone and its context ends with ErrLockLost; the
-	// next acquisition gets a higher fence, so a resource that checks fences rejects the old
-	// holder's late writes. It returns ErrNotHeld (or an error matching it) when name is
-	// free.
-	ForceRelease(ctx context.Context, name string) error
+	// ForceRelease frees name — held, or kept for a MinHold window — when it is held with
+	// fence, the holder an operator looked at; fence 0 frees it whoever holds it. The check
+	// and the release are one atomic step on the backend, so that a lock taken after the
+	// caller looked is never broken. The name keeps its fence, and waiters are told as by a
+	// Release (with a Notice without a token: no Guard released it itself); a backend with a
+	// wait queue hands the name to its first live waiter. The holder's next renewal finds the
+	// lock gone and its context ends with ErrLockLost; the next acquisition gets a higher
+	// fence, so a resource that checks fences rejects the old holder's late writes.
+	//
+	// It returns ErrNotHeld (or an error matching it) when name is free, and a
+	// *ChangedHandsError, which says the fence it found, when name is held with another
+	// fence: nothing is released then.
+	ForceRelease(ctx context.Context, name string, fence uint64) error
 }
 
 // LockInfo is what an Inspector reports of one lock name.
@@ -172,6 +244,9 @@ type LockInfo struct {
 	Fence      uint64        // the holder's fence; for a free name, the last one given (0: unknown)
 	Instance   string        // who took it (Request.Instance)
 	Label      string        // the Label of the acquisition
+	Value      string        // the Value the holder published (Request.Value)
+	Shared     bool          // the holder holds the name shared (Request.Shared)
+	Holders    int           // how many hold the name now: 1, or more for a shared name
 	AcquiredAt time.Time     // when the backend granted it, by the backend's clock
 	Remaining  time.Duration // how long it stays taken, by the backend's clock; 0 when free
 	Waiting    int           // callers queued for the name, where the backend keeps a queue

@@ -26,6 +26,8 @@
 // and hold as OpenTelemetry spans and metrics; locktest is the conformance suite a Backend
 // passes.
 //
-// docs/semantics.md says what these guarantees rest on, and what a lease-based lock cannot
+// The [semantics guide] says what these guarantees rest on, and what a lease-based lock cannot
 // guarantee.
+//
+// [semantics guide]: https://github.com/guardlock/guard/blob/main/docs/semantics.md
 package guard

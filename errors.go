@@ -36,13 +36,45 @@ var (
 	// ErrNotExtendable reports Lock.Extend on a lock that the watchdog renews: only a lock
 	// taken with LeaseTime is extended by hand.
 	ErrNotExtendable = errors.New("guard: the watchdog renews this lock; only a LeaseTime lock is extended by hand")
+	// ErrUnsupported reports a primitive that the Guard's backend cannot provide: a
+	// Semaphore or an RWMutex on a backend without Sharing, an Election on one without
+	// Inspector.
+	ErrUnsupported = errors.New("guard: the backend does not support this")
+	// ErrUpgrade reports an exclusive acquisition under a context that holds the name
+	// shared (a read lock, a permit): it would wait for itself. Release the shared hold
+	// first.
+	ErrUpgrade = errors.New("guard: a shared hold cannot be upgraded to an exclusive one")
+	// ErrChangedHands is matched by every *ChangedHandsError: an Inspector.ForceRelease that
+	// released nothing because the name is held under another fence than the one given.
+	ErrChangedHands = errors.New("guard: lock changed hands")
 )
+
+// ChangedHandsError reports an Inspector.ForceRelease that released nothing: name is held
+// with another fence than the one the caller saw, so it changed hands since the caller looked.
+// It matches ErrChangedHands.
+type ChangedHandsError struct {
+	Name  string // the lock name
+	Fence uint64 // the fence the caller gave: the holder it meant to break
+	Found uint64 // the fence the name is held with now
+}
+
+// Error says which fence was asked for and which one holds the name.
+func (e *ChangedHandsError) Error() string {
+	return fmt.Sprintf("guard: lock %q changed hands: it is held with fence %d, not %d", e.Name, e.Found, e.Fence)
+}
+
+// Is reports whether target is ErrChangedHands.
+func (e *ChangedHandsError) Is(target error) bool { return target == ErrChangedHands }
 
 // BusyError is returned when a lock is held by another owner: one attempt found it taken, or
 // a wait ran out. It matches ErrNotAcquired.
 type BusyError struct {
 	// Name is the lock name.
 	Name string
+	// Kind is what was asked for: KindPermit when a Semaphore's permits were all taken,
+	// KindRead or KindWrite for a side of an RWMutex, KindTerm for an Election's term,
+	// KindMutex for a lock.
+	Kind Kind
 	// Remaining is how long the name stays taken as the backend reported it — the holder's
 	// lease, or the rest of a MinHold window — or 0 when unknown.
 	Remaining time.Duration
@@ -127,7 +159,11 @@ type OptionError struct {
 
 // Error describes the bad option.
 func (e *OptionError) Error() string {
-	return fmt.Sprintf("guard: invalid option %s(%v): %s", e.Option, e.Value, e.Reason)
+	v := fmt.Sprint(e.Value)
+	if s, ok := e.Value.(string); ok {
+		v = fmt.Sprintf("%.64q", s) // a value can be long, or hold what the caller would not print
+	}
+	return fmt.Sprintf("guard: invalid option %s(%s): %s", e.Option, v, e.Reason)
 }
 
 // Is reports whether target is ErrInvalidOption.

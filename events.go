@@ -39,6 +39,10 @@ func (g *Guard) eventAsync(l *Lock, e LockEvent) {
 	}
 }
 
+// hold makes the mailbox keep what is queued until deliver is called: a new lock's events
+// wait until the observer has seen the end of its acquisition.
+func (m *mailbox) hold() { m.busy = true }
+
 // put queues e and reports whether the caller must deliver: the mailbox was idle.
 func (m *mailbox) put(e LockEvent) bool {
 	if e.At.IsZero() {

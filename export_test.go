@@ -7,3 +7,7 @@ func HeldLocks(g *Guard) int {
 	defer g.mu.Unlock()
 	return g.held.Len()
 }
+
+// StallScheduler keeps g's lease scheduler from ending any lease until resume is called: for
+// tests of a timer that fires late.
+func StallScheduler(g *Guard) (resume func()) { return g.sched.Stall() }

@@ -116,7 +116,7 @@ func TestDoAfterTheWorkSucceeded(t *testing.T) {
 		g := newGuard(t, store)
 		err := g.Do(t.Context(), "n", func(ctx context.Context) error {
 			// Broken behind our back; the watchdog has not noticed yet.
-			return store.ForceRelease(ctx, "n")
+			return store.ForceRelease(ctx, "n", 0)
 		})
 		require.ErrorIs(t, err, guard.ErrLockLost, "the work may not have run alone")
 	})
@@ -188,7 +188,7 @@ func TestObserverMayCallBack(t *testing.T) {
 	require.NoError(t, err)
 	fixed, err := g.Acquire(t.Context(), "fixed", guard.LeaseTime(400*time.Millisecond))
 	require.NoError(t, err)
-	require.NoError(t, store.ForceRelease(t.Context(), "lost"))
+	require.NoError(t, store.ForceRelease(t.Context(), "lost", 0))
 
 	select {
 	case err := <-obs.released:
@@ -363,7 +363,10 @@ func TestLostLocksAreForgotten(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 51, guard.HeldLocks(g))
 	for _, l := range locks {
-		require.NoError(t, store.ForceRelease(t.Context(), l.Name()))
+		// On a loaded host a 60 ms lease may have run out already: it ended on its own too.
+		if err := store.ForceRelease(t.Context(), l.Name(), 0); !errors.Is(err, guard.ErrNotHeld) {
+			require.NoError(t, err)
+		}
 	}
 	for _, l := range append(locks, expiring) {
 		<-l.Done()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -141,10 +143,20 @@ func TestExtendPushesDeadline(t *testing.T) {
 }
 
 func TestNewPanicsOnBadOption(t *testing.T) {
-	assert.PanicsWithValue(t, "guard: invalid option WithWatchdogTimeout(1ms): must be at least 10ms", func() {
+	assert.PanicsWithError(t, "guard: invalid option WithWatchdogTimeout(1ms): must be at least 10ms", func() {
 		guard.New(memstore.New(), guard.WithWatchdogTimeout(time.Millisecond))
 	})
 	assert.Panics(t, func() { guard.New(nil) })
+
+	// The panic is the typed error, and says no more than 64 bytes of a bad value.
+	defer func() {
+		var opt *guard.OptionError
+		err, _ := recover().(error)
+		require.ErrorAs(t, err, &opt)
+		assert.Equal(t, "WithInstance", opt.Option)
+		assert.Less(t, len(err.Error()), 200)
+	}()
+	guard.New(memstore.New(), guard.WithInstance(strings.Repeat("x", 1<<20)))
 }
 
 func TestCheckLockOptions(t *testing.T) {
@@ -310,35 +322,37 @@ func TestExtendAfterCallerCancelled(t *testing.T) {
 // and no other: after the first release no waiter sends another attempt (waking all would cost
 // 4 + 3 + 2 + 1 of them), and every waiter is woken exactly once.
 func TestReleaseHandsOverToOneWaiter(t *testing.T) {
-	const waiters = 5
-	store := memstore.New()
-	holder := newGuard(t, store)
-	l, err := holder.Acquire(t.Context(), "n")
-	require.NoError(t, err)
+	synctest.Test(t, func(t *testing.T) {
+		const waiters = 5
+		store := memstore.New()
+		holder := bubbleGuard(t, store)
+		l, err := holder.Acquire(t.Context(), "n")
+		require.NoError(t, err)
 
-	counted := &countingBackend{Spy: locktest.NewSpy(store, 2*waiters)}
-	rec := &acquisitions{}
-	g := newGuard(t, counted, guard.WithObserver(rec))
-	var wg sync.WaitGroup
-	for range waiters {
-		wg.Go(func() {
-			if err := g.Do(t.Context(), "n", func(context.Context) error { return nil }); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	require.Eventually(t, func() bool {
+		counted := &countingBackend{Spy: locktest.NewSpy(store, 4*waiters)}
+		rec := &acquisitions{}
+		g := bubbleGuard(t, counted, guard.WithObserver(rec))
+		var wg sync.WaitGroup
+		for range waiters {
+			wg.Go(func() {
+				if err := g.Do(t.Context(), "n", func(context.Context) error { return nil }); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		synctest.Wait() // every waiter asleep
 		info, err := store.Inspect(t.Context(), "n")
-		return err == nil && info.Waiting == waiters
-	}, 5*time.Second, time.Millisecond, "the waiters never queued")
-	before := counted.attempts.Load()
-	require.NoError(t, l.Release(t.Context()))
-	wg.Wait()
-	assert.EqualValues(t, before, counted.attempts.Load(), "attempts after the first release")
-	for _, a := range rec.snapshot() {
-		assert.Equal(t, guard.OutcomeAcquired, a.Outcome)
-		assert.Equal(t, 1, a.Wakeups)
-	}
+		require.NoError(t, err)
+		require.Equal(t, waiters, info.Waiting, "the waiters never queued")
+		before := counted.attempts.Load()
+		require.NoError(t, l.Release(t.Context()))
+		wg.Wait()
+		assert.EqualValues(t, before, counted.attempts.Load(), "attempts after the first release")
+		for _, a := range rec.snapshot() {
+			assert.Equal(t, guard.OutcomeAcquired, a.Outcome)
+			assert.Equal(t, 1, a.Wakeups)
+		}
+	})
 }
 
 // acquisitions is an Observer that keeps the acquisitions that ended.
@@ -440,5 +454,74 @@ func TestWakeUpIsPassedOn(t *testing.T) {
 		require.NoError(t, err)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the wake-up died with the waiter that left; the next waiter was not woken")
+	}
+}
+
+// stuckBackend's Extend does not return until unstuck, whatever its context says: a driver
+// hung in a connection's setup (review of issue 16, F2).
+type stuckBackend struct {
+	guard.Backend
+	stuck   chan struct{} // closed to unstick
+	entered chan struct{} // gets a value when an Extend is stuck
+}
+
+func (b *stuckBackend) Extend(ctx context.Context, leases []guard.Lease) []error {
+	select {
+	case b.entered <- struct{}{}:
+	default:
+	}
+	<-b.stuck
+	return b.Backend.Extend(ctx, leases)
+}
+
+// TestCloseKeepsToItsContext: Close returns when its context ends, even while a renewal is
+// stuck in the backend, and says what it was waiting for.
+func TestCloseKeepsToItsContext(t *testing.T) {
+	b := &stuckBackend{Backend: memstore.New(), stuck: make(chan struct{}), entered: make(chan struct{}, 1)}
+	g := guard.New(b, guard.WithWatchdogTimeout(300*time.Millisecond))
+	defer func() {
+		close(b.stuck)
+		require.NoError(t, g.Close(context.Background()))
+	}()
+	_, err := g.Acquire(t.Context(), "job")
+	require.NoError(t, err)
+	<-b.entered // a renewal is out, and stays out
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	returned := make(chan error, 1)
+	go func() { returned <- g.Close(ctx) }()
+	select {
+	case err := <-returned:
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.ErrorContains(t, err, "renewals")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return when its context ended")
+	}
+}
+
+// deadConnBackend's Release waits until its context ends, as a driver does on a connection
+// that died without a word.
+type deadConnBackend struct{ guard.Backend }
+
+func (b deadConnBackend) Release(ctx context.Context, name, token string, keep time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestReleaseWithoutDeadlineIsBounded: Release under a context without a deadline returns
+// even when the backend never answers (a chaos worker hung for good in pgx's read of a dead
+// connection at shutdown).
+func TestReleaseWithoutDeadlineIsBounded(t *testing.T) {
+	g := guard.New(deadConnBackend{memstore.New()})
+	defer func() { _ = g.Close(context.Background()) }() // once the resends stop, with the lease
+	l, err := g.Acquire(t.Context(), "job", guard.LeaseTime(2*time.Second))
+	require.NoError(t, err)
+	returned := make(chan error, 1)
+	go func() { returned <- l.Release(context.Background()) }()
+	select {
+	case err := <-returned:
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Release under a context without a deadline waited for a backend that never answers")
 	}
 }

@@ -23,10 +23,13 @@ type Observer interface {
 	LockEvent(l *Lock, e LockEvent)
 }
 
-// Acquisition describes one call to Acquire, TryAcquire or Do.
+// Acquisition describes one call to Acquire, TryAcquire or Do, or to a primitive's.
 type Acquisition struct {
 	Name  string // the lock name
 	Label string // the low-cardinality label given with the Label option, or ""
+	Kind  Kind   // what is asked for: a mutex, a permit, a read or write side, a term
+	// Permits is the Semaphore's number of permits when Kind is KindPermit, else 0.
+	Permits int
 	// Backend names the backend's package, such as "redisstore" or "memstore".
 	Backend string
 	// MaxWait is how long the caller was prepared to wait: 0 for one attempt, < 0 for as long
@@ -97,3 +100,28 @@ func (k EventKind) String() string {
 	}
 	return eventNames[k]
 }
+
+// Kind tells the primitives apart: what an acquisition asks for, and what a Lock holds.
+type Kind int
+
+// The kinds of locks.
+const (
+	KindMutex  Kind = iota // Guard.Acquire and TryAcquire, Do, AcquireAll's members
+	KindPermit             // a Semaphore's permit: a shared hold with a limit
+	KindRead               // an RWMutex's read side: a shared hold
+	KindWrite              // an RWMutex's write side: an exclusive hold
+	KindTerm               // an Election's term: an exclusive hold that publishes a value
+)
+
+var kindNames = [...]string{"mutex", "permit", "read", "write", "term"}
+
+// String returns the kind in lower case, as telemetry records it.
+func (k Kind) String() string {
+	if k < 0 || int(k) >= len(kindNames) {
+		return "unknown"
+	}
+	return kindNames[k]
+}
+
+// shared reports whether k is a shared hold.
+func (k Kind) shared() bool { return k == KindPermit || k == KindRead }

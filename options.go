@@ -95,7 +95,12 @@ type lockSettings struct {
 	waitTime  time.Duration // <0: until ctx is done; 0: one attempt
 	minHold   time.Duration
 	label     string
-	err       error
+	noReentry bool
+	// Set by the primitives, not by options of their own: what is asked for.
+	kind  Kind
+	limit int    // a shared hold's limit (Request.Limit)
+	value string // Request.Value
+	err   error
 }
 
 type lockOptionFunc func(*lockSettings)
@@ -148,6 +153,26 @@ func MinHold(d time.Duration) LockOption {
 // and middleware set it to their template.
 func Label(label string) LockOption {
 	return lockOptionFunc(func(s *lockSettings) { s.label = label })
+}
+
+// NoReentry makes the acquisition ask the backend even when its context runs under a lock of
+// the same Guard on the same name, instead of re-entering that lock: for work that fans out
+// under the lock's context (an errgroup) and must take the lock again in each goroutine. It
+// then waits for the outer lock like any other caller. Default: re-enter.
+func NoReentry() LockOption {
+	return lockOptionFunc(func(s *lockSettings) { s.noReentry = true })
+}
+
+// kindOf sets what a primitive asks for: its kind, the limit of a shared hold, its value.
+func kindOf(kind Kind, limit int, value string) LockOption {
+	return lockOptionFunc(func(s *lockSettings) { s.kind, s.limit, s.value = kind, limit, value })
+}
+
+// withKind returns opts followed by kind in a slice of its own: callers may share one slice
+// of options, with room to spare, among goroutines, and an append into that room would hand
+// one acquisition another's kind.
+func withKind(opts []LockOption, kind LockOption) []LockOption {
+	return append(opts[:len(opts):len(opts)], kind)
 }
 
 func (s *lockSettings) fail(err error) {

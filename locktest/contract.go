@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -142,31 +143,117 @@ func testMinHoldWaiter(t *testing.T, h Harness) {
 	first, err := holder.TryAcquire(t.Context(), name, guard.LeaseTime(time.Hour), guard.MinHold(window))
 	require.NoError(t, err)
 
-	sp := NewSpy(h.New(t).Backend, 64)
-	waiter := guard.New(sp)
-	t.Cleanup(func() { _ = waiter.Close(context.Background()) })
-	got := make(chan *guard.Lock, 1)
-	errc := make(chan error, 1)
-	go func() {
-		l, err := waiter.Acquire(t.Context(), name, guard.WaitTime(time.Minute))
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- l
-	}()
-	parked(t, sp)
+	wt := waitMinute(t, h, name)
 	released := time.Now()
 	require.NoError(t, first.Release(t.Context()))
-	var w *guard.Lock
-	select {
-	case w = <-got:
-	case err := <-errc:
-		t.Fatalf("waiter: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the waiter slept through the end of the MinHold window (the holder's lease was an hour)")
-	}
+	w := wt.lock(t, 30*time.Second, "the waiter slept through the end of the MinHold window (the holder's lease was an hour)")
 	t.Logf("taken %v after the release, window %v", time.Since(released), window)
 	assert.False(t, w.AcquiredAt().Before(first.AcquiredAt().Add(window)), "taken within the window")
 	require.NoError(t, w.Release(t.Context()))
+}
+
+// testExtendMixed sends Extend batches that hold a stale token and the live token of one name
+// with different TTLs, beside another name: each lease must get its own answer, and the live
+// lock its own TTL — not the stale one's, whichever comes first in the batch.
+func testExtendMixed(t *testing.T, h Harness) {
+	b := h.New(t).Backend
+	for _, staleFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stale first %v", staleFirst), func(t *testing.T) {
+			name, other := uniqueName(t), uniqueName(t)+":other"
+			stale := guard.Request{Name: name, Token: rand.Text(), TTL: time.Minute}
+			_, err := b.Acquire(t.Context(), stale)
+			require.NoError(t, err)
+			require.NoError(t, b.Release(t.Context(), name, stale.Token, 0))
+			live := guard.Request{Name: name, Token: rand.Text(), TTL: time.Minute}
+			_, err = b.Acquire(t.Context(), live)
+			require.NoError(t, err)
+			beside := guard.Request{Name: other, Token: rand.Text(), TTL: time.Minute}
+			_, err = b.Acquire(t.Context(), beside)
+			require.NoError(t, err)
+
+			const long = 10 * time.Minute
+			leases := []guard.Lease{
+				{Name: name, Token: stale.Token, TTL: 200 * time.Millisecond},
+				{Name: name, Token: live.Token, TTL: long},
+				{Name: other, Token: beside.Token, TTL: 5 * time.Minute},
+			}
+			if !staleFirst {
+				leases[0], leases[1] = leases[1], leases[0]
+			}
+			errs := b.Extend(t.Context(), leases)
+			require.Len(t, errs, len(leases))
+			for i, l := range leases {
+				if l.Token == stale.Token {
+					assert.ErrorIs(t, errs[i], guard.ErrNotHeld, "a stale token's lease was extended")
+				} else {
+					assert.NoError(t, errs[i], "lease %d", i)
+				}
+			}
+			assert.Greater(t, remaining(t, b, name), long-time.Minute, "the live lock got another lease's TTL")
+			assert.Greater(t, remaining(t, b, other), 4*time.Minute)
+			require.NoError(t, b.Release(t.Context(), name, live.Token, 0))
+			require.NoError(t, b.Release(t.Context(), other, beside.Token, 0))
+		})
+	}
+}
+
+// testExtendDuplicate sends Extend batches that name one lock — its name and its token — twice,
+// with different TTLs, beside another name: the last of them stands (Backend.Extend), and
+// each lease is answered as extended.
+func testExtendDuplicate(t *testing.T, h Harness) {
+	b := h.New(t).Backend
+	const long, short = 10 * time.Minute, 30 * time.Second
+	for _, lastLong := range []bool{true, false} {
+		t.Run(fmt.Sprintf("last long %v", lastLong), func(t *testing.T) {
+			name, other := uniqueName(t), uniqueName(t)+":other"
+			held := guard.Request{Name: name, Token: rand.Text(), TTL: time.Minute}
+			_, err := b.Acquire(t.Context(), held)
+			require.NoError(t, err)
+			beside := guard.Request{Name: other, Token: rand.Text(), TTL: time.Minute}
+			_, err = b.Acquire(t.Context(), beside)
+			require.NoError(t, err)
+
+			leases := []guard.Lease{
+				{Name: name, Token: held.Token, TTL: long},
+				{Name: other, Token: beside.Token, TTL: 5 * time.Minute},
+				{Name: name, Token: held.Token, TTL: short},
+			}
+			if lastLong {
+				leases[0].TTL, leases[2].TTL = short, long
+			}
+			errs := b.Extend(t.Context(), leases)
+			require.Len(t, errs, len(leases))
+			for i, err := range errs {
+				assert.NoError(t, err, "lease %d", i)
+			}
+			left := remaining(t, b, name)
+			if lastLong {
+				assert.Greater(t, left, long-time.Minute, "the first lease of the lock stood, not the last")
+			} else {
+				assert.LessOrEqual(t, left, short, "the first lease of the lock stood, not the last")
+			}
+			assert.Greater(t, remaining(t, b, other), 4*time.Minute)
+			require.NoError(t, b.Release(t.Context(), name, held.Token, 0))
+			require.NoError(t, b.Release(t.Context(), other, beside.Token, 0))
+		})
+	}
+}
+
+// remaining returns how long name stays taken on b, by the backend's report: Inspect when b is
+// a guard.Inspector, else the busy answer of another token.
+func remaining(t *testing.T, b guard.Backend, name string) time.Duration {
+	t.Helper()
+	if in, ok := b.(guard.Inspector); ok {
+		info, err := in.Inspect(t.Context(), name)
+		require.NoError(t, err)
+		require.True(t, info.Held, "%s is not held", name)
+		return info.Remaining
+	}
+	_, err := b.Acquire(t.Context(), guard.Request{Name: name, Token: rand.Text(), TTL: time.Minute})
+	var busy *guard.BusyError
+	require.ErrorAs(t, err, &busy, "%s is not held", name)
+	if busy.Remaining == 0 {
+		t.Skip("the backend says neither how long a lock stays taken nor implements guard.Inspector")
+	}
+	return busy.Remaining
 }

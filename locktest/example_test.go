@@ -19,13 +19,13 @@ func ExampleRun() {
 			return locktest.Target{Backend: s} // Guards share the Store, as instances share a server
 		},
 		Delete: func(tb testing.TB, name string) {
-			if err := s.ForceRelease(tb.Context(), name); err != nil {
+			if err := s.ForceRelease(tb.Context(), name, 0); err != nil {
 				tb.Fatal(err)
 			}
 		},
 		Overwrite: func(tb testing.TB, name string) {
 			// Free it, then take it under another token for an hour.
-			_ = s.ForceRelease(tb.Context(), name)
+			_ = s.ForceRelease(tb.Context(), name, 0)
 			if _, err := s.Acquire(tb.Context(), guard.Request{Name: name, Token: "intruder", TTL: 3600e9}); err != nil {
 				tb.Fatal(err)
 			}

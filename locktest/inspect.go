@@ -23,6 +23,8 @@ func testInspect(t *testing.T, h Harness) {
 	t.Run("Metadata", func(t *testing.T) { testMetadata(t, h) })
 	t.Run("List", func(t *testing.T) { testList(t, h) })
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, h) })
+	t.Run("ForceReleaseChangedHands", func(t *testing.T) { testForceReleaseChangedHands(t, h) })
+	t.Run("ForceReleaseWaiter", func(t *testing.T) { testForceReleaseWaiter(t, h) })
 }
 
 func inspector(t testing.TB, h Harness) guard.Inspector {
@@ -82,7 +84,7 @@ func testMetadata(t *testing.T, h Harness) {
 	assert.Equal(t, kept.Fence(), info.Fence)
 	assert.Greater(t, info.Remaining, time.Duration(0))
 	assert.LessOrEqual(t, info.Remaining, time.Minute+clockSlack)
-	require.NoError(t, in.ForceRelease(t.Context(), name), "breaking a kept lock")
+	require.NoError(t, in.ForceRelease(t.Context(), name, kept.Fence()), "breaking a kept lock")
 	info, err = in.Inspect(t.Context(), name)
 	require.NoError(t, err)
 	assert.False(t, info.Held)
@@ -162,7 +164,7 @@ func testForceRelease(t *testing.T, h Harness) {
 	require.NoError(t, err)
 
 	broken := time.Now()
-	require.NoError(t, in.ForceRelease(t.Context(), name))
+	require.NoError(t, in.ForceRelease(t.Context(), name, l.Fence()))
 	select {
 	case <-l.Done():
 	case <-time.After(2 * ttl):
@@ -177,5 +179,64 @@ func testForceRelease(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	assert.Greater(t, l2.Fence(), l.Fence())
 	require.NoError(t, l2.Release(t.Context()))
-	assert.ErrorIs(t, in.ForceRelease(t.Context(), name), guard.ErrNotHeld)
+	assert.ErrorIs(t, in.ForceRelease(t.Context(), name, 0), guard.ErrNotHeld)
+	assert.ErrorIs(t, in.ForceRelease(t.Context(), name, l2.Fence()), guard.ErrNotHeld)
+}
+
+// testForceReleaseChangedHands is an operator who looked at A's lock and releases it after A
+// released it and B took the name: the release must leave B's lock alone and say the fence it
+// found. Fence 0 breaks whoever holds the name.
+func testForceReleaseChangedHands(t *testing.T, h Harness) {
+	in := inspector(t, h)
+	name := uniqueName(t)
+	a, _ := newGuard(t, h)
+	b, _ := newGuard(t, h)
+	la, err := a.TryAcquire(t.Context(), name)
+	require.NoError(t, err)
+	seen, err := in.Inspect(t.Context(), name)
+	require.NoError(t, err)
+	require.Equal(t, la.Fence(), seen.Fence)
+	require.NoError(t, la.Release(t.Context()))
+	lb, err := b.TryAcquire(t.Context(), name)
+	require.NoError(t, err)
+
+	err = in.ForceRelease(t.Context(), name, seen.Fence)
+	var changed *guard.ChangedHandsError
+	require.ErrorAs(t, err, &changed, "a forced release of the lock the operator saw broke the next holder's")
+	assert.ErrorIs(t, err, guard.ErrChangedHands)
+	assert.NotErrorIs(t, err, guard.ErrNotHeld)
+	assert.Equal(t, guard.ChangedHandsError{Name: name, Fence: la.Fence(), Found: lb.Fence()}, *changed)
+	info, err := in.Inspect(t.Context(), name)
+	require.NoError(t, err)
+	assert.True(t, info.Held, "B's lock was released")
+	assert.Equal(t, lb.Fence(), info.Fence)
+	require.NoError(t, lb.Release(t.Context()), "B's lock was broken")
+
+	// Fence 0: whoever holds it.
+	lc, err := a.TryAcquire(t.Context(), name, guard.LeaseTime(time.Minute))
+	require.NoError(t, err)
+	require.NoError(t, in.ForceRelease(t.Context(), name, 0))
+	info, err = in.Inspect(t.Context(), name)
+	require.NoError(t, err)
+	assert.False(t, info.Held, "fence 0 did not release")
+	assert.ErrorIs(t, lc.Release(t.Context()), guard.ErrNotHeld)
+}
+
+// testForceReleaseWaiter breaks a lock with an hour's lease while another Guard waits for
+// it: the waiter must get the name soon — told of the release, or re-trying — with a higher
+// fence, and not in an hour.
+func testForceReleaseWaiter(t *testing.T, h Harness) {
+	in := inspector(t, h)
+	name := uniqueName(t)
+	holder, _ := newGuard(t, h)
+	l, err := holder.TryAcquire(t.Context(), name, guard.LeaseTime(time.Hour))
+	require.NoError(t, err)
+
+	wt := waitMinute(t, h, name)
+	broken := time.Now()
+	require.NoError(t, in.ForceRelease(t.Context(), name, l.Fence()))
+	w := wt.lock(t, 30*time.Second, "the waiter slept through a forced release (the holder's lease was an hour)")
+	t.Logf("the waiter took the name %v after the forced release", time.Since(broken))
+	assert.Greater(t, w.Fence(), l.Fence())
+	require.NoError(t, w.Release(t.Context()))
 }

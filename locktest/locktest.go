@@ -38,15 +38,25 @@ type Harness struct {
 	// kills the server (SIGKILL). Nil for a backend without a server (memstore): the test of a
 	// dying server is then skipped.
 	Killable func(tb testing.TB) (Target, func())
+	// NoSharing says that the backend has no shared holds (guard.Sharing): the tests of
+	// semaphores and read-write locks are then skipped. Without it, a backend that lacks
+	// Sharing fails them.
+	NoSharing bool
 }
 
 // Run runs every contract test against the backend of h, each as a subtest: mutual exclusion
 // and fences across Guards, stale holders, the watchdog's cadence, loss (deleted and
 // overwritten locks, a killed server), fixed leases, MinHold (also with a renewal in flight at
 // the release, and with a waiter behind it), waiting (wake-ups, crashed holders, cancellation,
-// WaitTime), reentrancy, a retried acquire, fences after data loss, one round trip per
-// operation, typed errors, Close, and — when the backend implements guard.Inspector —
-// inspection, paging and forced release. The tests take about a minute on a local server.
+// WaitTime), reentrancy, a retried acquire, Extend batches that mix stale and live tokens of
+// one name or name one lock twice (the last lease stands), instances and labels with NUL bytes, invalid UTF-8 and 1 KiB, fences after data
+// loss, one round trip per operation, typed errors, Close, and — when the backend implements
+// guard.Inspector — inspection, paging and forced release, which must leave a lock taken
+// after the caller looked alone; and the primitives: semaphores (never more holders than
+// permits; a dead holder's permit comes back), read-write locks (readers together, a writer
+// alone and not passed by later readers), multi-locks (all or nothing, no deadlock between
+// overlapping sets, one lock lost is the group lost) and elections (one leader at a time, seen
+// by Leader and Observe in order). The tests take a minute or two on a local server.
 func Run(t *testing.T, h Harness) {
 	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, h) })
 	t.Run("StaleHolder", func(t *testing.T) { testStaleHolder(t, h) })
@@ -57,6 +67,9 @@ func Run(t *testing.T, h Harness) {
 	t.Run("MinHoldRenewalInFlight", func(t *testing.T) { testMinHoldRenewalInFlight(t, h) })
 	t.Run("MinHoldWaiter", func(t *testing.T) { testMinHoldWaiter(t, h) })
 	t.Run("OwnRetry", func(t *testing.T) { testOwnRetry(t, h) })
+	t.Run("ExtendMixed", func(t *testing.T) { testExtendMixed(t, h) })
+	t.Run("ExtendDuplicate", func(t *testing.T) { testExtendDuplicate(t, h) })
+	t.Run("MetadataValues", func(t *testing.T) { testMetadataValues(t, h) })
 	t.Run("FenceAfterDataLoss", func(t *testing.T) { testFenceAfterDataLoss(t, h) })
 	t.Run("Inspect", func(t *testing.T) { testInspect(t, h) })
 	t.Run("Waiting", func(t *testing.T) { testWaiting(t, h) })
@@ -64,6 +77,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("RoundTrips", func(t *testing.T) { testRoundTrips(t, h) })
 	t.Run("Errors", func(t *testing.T) { testErrors(t, h) })
 	t.Run("Close", func(t *testing.T) { testClose(t, h) })
+	t.Run("Semaphore", func(t *testing.T) { testSemaphore(t, h) })
+	t.Run("RWMutex", func(t *testing.T) { testRWMutex(t, h) })
+	t.Run("AcquireAll", func(t *testing.T) { testAcquireAll(t, h) })
+	t.Run("Election", func(t *testing.T) { testElection(t, h) })
 }
 
 // uniqueName returns a lock name no other test uses, so that tests on a shared server never
@@ -205,3 +222,52 @@ func (s *Spy) Subscribe(notify func(guard.Notice)) (guard.Subscription, error) {
 }
 
 var errNoNotifications = errors.New("locktest: the backend has no release notifications")
+
+// waiter is an acquisition that waits in a goroutine of its own.
+type waiter struct {
+	got  chan *guard.Lock
+	errc chan error
+}
+
+// startWaiting runs acquire in a goroutine, and returns once sp reports it waiting.
+func startWaiting(t *testing.T, sp *Spy, acquire func() (*guard.Lock, error)) *waiter {
+	t.Helper()
+	w := &waiter{got: make(chan *guard.Lock, 1), errc: make(chan error, 1)}
+	go func() {
+		l, err := acquire()
+		if err != nil {
+			w.errc <- err
+			return
+		}
+		w.got <- l
+	}()
+	parked(t, sp)
+	return w
+}
+
+// waitMinute starts a Guard on a new backend of h waiting up to a minute for name, and returns
+// once it waits.
+func waitMinute(t *testing.T, h Harness, name string) *waiter {
+	t.Helper()
+	sp := NewSpy(h.New(t).Backend, 64)
+	g := guard.New(sp)
+	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	return startWaiting(t, sp, func() (*guard.Lock, error) {
+		return g.Acquire(t.Context(), name, guard.WaitTime(time.Minute))
+	})
+}
+
+// lock returns the lock the waiter got, and fails the test with why when it gets none within
+// d.
+func (w *waiter) lock(t *testing.T, d time.Duration, why string) *guard.Lock {
+	t.Helper()
+	select {
+	case l := <-w.got:
+		return l
+	case err := <-w.errc:
+		t.Fatalf("waiter: %v", err)
+	case <-time.After(d):
+		t.Fatal(why)
+	}
+	return nil
+}

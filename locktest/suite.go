@@ -87,7 +87,7 @@ func testStaleHolder(t *testing.T, h Harness) {
 	gb, _ := newGuard(t, h)
 	gc, _ := newGuard(t, h)
 
-	stale, err := ga.TryAcquire(t.Context(), name, guard.LeaseTime(150*time.Millisecond))
+	stale, err := ga.TryAcquire(t.Context(), name, guard.LeaseTime(400*time.Millisecond)) // long enough for a first answer on a loaded host
 	require.NoError(t, err)
 	<-stale.Done()
 	require.ErrorIs(t, stale.Err(), guard.ErrLeaseExpired)
@@ -385,27 +385,10 @@ func testWake(t *testing.T, holder, waiter *guard.Guard, sp *Spy, rec *recorder)
 	l, err := holder.Acquire(t.Context(), name)
 	require.NoError(t, err)
 
-	got := make(chan *guard.Lock, 1)
-	errc := make(chan error, 1)
-	go func() {
-		w, err := waiter.Acquire(t.Context(), name)
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- w
-	}()
-	parked(t, sp)
+	wt := startWaiting(t, sp, func() (*guard.Lock, error) { return waiter.Acquire(t.Context(), name) })
 	released := time.Now()
 	require.NoError(t, l.Release(t.Context()))
-	var w *guard.Lock
-	select {
-	case w = <-got:
-	case err := <-errc:
-		t.Fatalf("waiter: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not woken by the release (the holder's lease is 30s)")
-	}
+	w := wt.lock(t, 10*time.Second, "the waiter was not woken by the release (the holder's lease is 30s)")
 	latency := time.Since(released)
 	a, _ := rec.lastAcquisition(name)
 	t.Logf("woken %v after release; %d attempts, %d wake-ups", latency, a.Attempts, a.Wakeups)

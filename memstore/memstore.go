@@ -1,17 +1,3 @@
-// Package memstore is the in-process lock backend: the embedded default when no server is
-// configured. Several Guards sharing one Store behave like service instances sharing a Redis:
-// mutual exclusion, fences, leases and release notifications all hold between them. Nothing
-// leaves the process, so it serves tests, examples and single-process deployments; use a
-// server backend (redisstore, mongostore, pgstore, mysqlstore) to coordinate processes.
-//
-// A Store keeps a wait queue per name, as redisstore does: a free name goes to the caller
-// that has waited longest (a release hands it over at once), and a newcomer does not take it
-// past waiting callers.
-//
-// A Store keeps state only for names that are held or waited for: a release forgets the
-// name, and names whose lease ran out are swept as the Store is used, so a service that locks
-// one name per request does not grow. Fences come from one counter for the whole Store, so
-// they strictly increase per name although nothing is kept per name.
 package memstore
 
 import (
@@ -23,18 +9,22 @@ import (
 	"time"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/watchdog"
 )
 
 var (
 	_ guard.Backend   = (*Store)(nil)
 	_ guard.Notifier  = (*Store)(nil)
 	_ guard.Inspector = (*Store)(nil)
+	_ guard.Sharing   = (*Store)(nil)
+	_ guard.Batcher   = (*Store)(nil)
 )
 
 // sweepEvery is how many acquisitions pass between two sweeps of expired names.
 const sweepEvery = 1024
 
-// QueueTimeout is how long a waiter keeps its place in a name's queue after its last request.
+// QueueTimeout is how long a waiter keeps its place in a name's queue after its last request,
+// at most: never longer than the lease it asked for (watchdog.Place).
 const QueueTimeout = 5 * time.Second
 
 // Store keeps locks in memory. Its zero value is not usable; call New. It is safe for
@@ -42,56 +32,170 @@ const QueueTimeout = 5 * time.Second
 type Store struct {
 	now func() time.Time
 
-	mu     sync.Mutex // protects locks, queues, fence, ops and subs
-	locks  map[string]entry
-	queues map[string][]waiter // by name, in arrival order
-	fence  uint64              // the last fence given, for any name
-	ops    int                 // acquisitions since the last sweep
+	mu     sync.Mutex // protects names, fence, ops, sweeps and subs
+	names  map[string]*state
+	fence  uint64 // the last fence given, for any name
+	ops    int    // acquisitions since the last sweep
 	subs   map[*subscription]struct{}
-	sweeps int // sweeps done, for tests
+	sweeps int    // sweeps done, for tests
+	spare  *state // the state of a name forgotten last, emptied, for the next name to be held
 }
 
-type entry struct {
-	token    string // "" while kept for a MinHold window: no token matches
-	fence    uint64
-	instance string
-	label    string
-	acquired time.Time
-	expires  time.Time
+// state is what the Store keeps of one name: its holders and its queue. A name that nobody
+// holds or waits for has none.
+type state struct {
+	holders []holder // an exclusive holder alone, or shared holders; kept windows included
+	queue   []waiter // by arrival
+}
+
+// holder is one grant of a name.
+type holder struct {
+	token                  string // "" while kept for a MinHold window: no token matches
+	shared                 bool
+	fence                  uint64
+	instance, label, value string
+	acquired, expires      time.Time
 }
 
 // waiter is a place in a name's queue.
 type waiter struct {
-	token, instance, label string
-	ttl                    time.Duration // the lease it asked for
-	expires                time.Time     // when it loses its place
+	token, instance, label, value string
+	shared                        bool
+	limit                         int
+	ttl                           time.Duration // the lease it asked for
+	place                         time.Duration // how long a request keeps its place
+	attempt                       int           // the Request.Attempt that last refreshed it
+	expires                       time.Time     // when it loses its place
 }
 
 // New returns an empty Store.
 func New() *Store {
 	return &Store{
-		now:    time.Now,
-		locks:  make(map[string]entry),
-		queues: make(map[string][]waiter),
-		subs:   make(map[*subscription]struct{}),
+		now:   time.Now,
+		names: make(map[string]*state),
+		subs:  make(map[*subscription]struct{}),
 	}
 }
 
-// held returns the live entry of name, forgetting it when its lease ran out. s.mu must be
-// held; a change to the entry is kept with s.locks[name] = e.
-func (s *Store) held(name string, now time.Time) (entry, bool) {
-	e, ok := s.locks[name]
-	if ok && !now.Before(e.expires) {
-		delete(s.locks, name)
-		return entry{}, false
+// SharedLocks tells that a Store grants shared holds (guard.Sharing).
+func (*Store) SharedLocks() {}
+
+// state returns the state of name with the holders whose lease ran out dropped, or nil when
+// nobody holds it or waits for it. s.mu must be held.
+func (s *Store) state(name string, now time.Time) *state {
+	st := s.names[name]
+	if st == nil {
+		return nil
 	}
-	return e, ok
+	st.holders = slices.DeleteFunc(st.holders, func(h holder) bool { return !now.Before(h.expires) })
+	st.first(now)
+	if len(st.holders) == 0 && len(st.queue) == 0 {
+		delete(s.names, name)
+		if cap(st.holders) <= maxSpareHolders {
+			// A name taken and given back again and again then costs no allocation here.
+			clear(st.holders[:cap(st.holders)])
+			*st = state{holders: st.holders[:0]}
+			s.spare = st
+		}
+		return nil
+	}
+	return st
 }
 
-// Acquire takes r.Name for r.Token when it is free and no live waiter came first, and returns
-// the next fence; when r.Token holds it already, it sets the lease again and returns the same
-// fence. Otherwise it returns a *guard.BusyError with the time the name stays taken — after
-// queueing r.Token when r.Wait is set.
+// maxSpareHolders is the most holders the state kept for reuse (Store.spare) has room for.
+const maxSpareHolders = 4
+
+// stateOf returns the state of name, made when there is none. s.mu must be held.
+func (s *Store) stateOf(name string, now time.Time) *state {
+	if st := s.state(name, now); st != nil {
+		return st
+	}
+	st := s.spare
+	if st != nil {
+		s.spare = nil
+	} else {
+		st = &state{}
+	}
+	s.names[name] = st
+	return st
+}
+
+// holder returns the holder with token, or nil.
+func (st *state) holder(token string) *holder {
+	for i := range st.holders {
+		if st.holders[i].token == token && token != "" {
+			return &st.holders[i]
+		}
+	}
+	return nil
+}
+
+// fits reports whether a request of that mode and limit could hold the name now, as far as
+// its holders go.
+func (st *state) fits(shared bool, limit int) bool {
+	if !shared {
+		return len(st.holders) == 0
+	}
+	for _, h := range st.holders {
+		if !h.shared {
+			return false
+		}
+	}
+	return limit <= 0 || len(st.holders) < limit
+}
+
+// until returns how long the name stays unavailable to a request of that mode and limit, as
+// far as its holders go: until the last holder goes, for an exclusive request; until the
+// exclusive holder goes, or, when the shared ones fill the limit, the first of them, for a
+// shared one.
+func (st *state) until(shared bool, limit int, now time.Time) time.Duration {
+	var last, first time.Duration
+	for i, h := range st.holders {
+		left := h.expires.Sub(now)
+		if !h.shared && shared {
+			return left
+		}
+		last = max(last, left)
+		if i == 0 || left < first {
+			first = left
+		}
+	}
+	switch {
+	case !shared:
+		return last
+	case limit > 0 && len(st.holders) >= limit:
+		return first
+	}
+	return 0
+}
+
+// first returns the first waiter whose place has not expired, dropping the expired ones
+// before it.
+func (st *state) first(now time.Time) (waiter, bool) {
+	for len(st.queue) > 0 && !now.Before(st.queue[0].expires) {
+		st.queue = st.queue[1:]
+	}
+	if len(st.queue) == 0 {
+		return waiter{}, false
+	}
+	return st.queue[0], true
+}
+
+// leave takes token out of the queue and reports whether it was there.
+func (st *state) leave(token string) bool {
+	i := slices.IndexFunc(st.queue, func(w waiter) bool { return w.token == token })
+	if i < 0 {
+		return false
+	}
+	st.queue = slices.Delete(st.queue, i, i+1)
+	return true
+}
+
+// Acquire takes r.Name for r.Token when r fits beside its holders (see guard.Request.Shared)
+// and no live waiter came first, and returns the next fence; when r.Token holds it already,
+// it sets the lease again and returns the same fence. Otherwise it returns a
+// *guard.BusyError with the time the name stays unavailable to r — after queueing r.Token
+// when r.Wait is set.
 func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -102,112 +206,123 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if s.ops++; s.ops >= sweepEvery {
 		s.sweep(now)
 	}
-	e, held := s.held(r.Name, now)
-	if held && e.token == r.Token {
-		e.expires = now.Add(r.TTL)
-		s.locks[r.Name] = e
-		return e.fence, nil
+	st := s.stateOf(r.Name, now)
+	if h := st.holder(r.Token); h != nil {
+		h.expires = now.Add(r.TTL)
+		return h.fence, nil
 	}
-	if !held {
-		if head, ok := s.first(r.Name, now); !ok || head.token == r.Token {
-			s.leave(r.Name, r.Token)
-			return s.grant(r.Name, r.Token, r.Instance, r.Label, r.TTL, now), nil
-		}
+	head, queued := st.first(now)
+	if st.fits(r.Shared, r.Limit) && (!queued || head.token == r.Token) {
+		st.leave(r.Token)
+		return s.grant(st, r.Token, r.Instance, r.Label, r.Value, r.Shared, r.TTL, now), nil
 	}
-	busy := &guard.BusyError{Name: r.Name}
-	if held {
-		busy.Remaining = e.expires.Sub(now)
+	busy := &guard.BusyError{Name: r.Name, Remaining: st.until(r.Shared, r.Limit, now)}
+	if busy.Remaining <= 0 && queued {
+		// Free for it, but another waiter comes first: it is ours no sooner than that
+		// waiter takes it, or loses its place.
+		busy.Remaining = head.expires.Sub(now)
 	}
 	if r.Wait {
-		s.queue(r, now)
-		busy.Queued = QueueTimeout
+		busy.Queued = st.queue1(r, now)
 	}
 	return 0, busy
 }
 
-// grant gives name to token and returns its fence. s.mu must be held.
-func (s *Store) grant(name, token, instance, label string, ttl time.Duration, now time.Time) uint64 {
-	s.fence++
-	s.locks[name] = entry{
-		token: token, fence: s.fence, instance: instance, label: label,
-		acquired: now, expires: now.Add(ttl),
+// AcquireAll takes every request's name at once, or none: it returns their fences, or the
+// first busy answer. It queues nobody.
+func (s *Store) AcquireAll(ctx context.Context, reqs []guard.Request) ([]uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for _, r := range reqs {
+		st := s.stateOf(r.Name, now)
+		if st.holder(r.Token) != nil {
+			continue
+		}
+		head, queued := st.first(now)
+		if !st.fits(r.Shared, r.Limit) || queued && head.token != r.Token {
+			busy := &guard.BusyError{Name: r.Name, Remaining: st.until(r.Shared, r.Limit, now)}
+			if busy.Remaining <= 0 && queued {
+				busy.Remaining = head.expires.Sub(now)
+			}
+			for _, r := range reqs {
+				s.state(r.Name, now) // forgets the states made for nothing
+			}
+			return nil, busy
+		}
+	}
+	fences := make([]uint64, len(reqs))
+	for i, r := range reqs {
+		st := s.stateOf(r.Name, now)
+		if h := st.holder(r.Token); h != nil {
+			h.expires = now.Add(r.TTL)
+			fences[i] = h.fence
+			continue
+		}
+		st.leave(r.Token)
+		fences[i] = s.grant(st, r.Token, r.Instance, r.Label, r.Value, r.Shared, r.TTL, now)
+	}
+	return fences, nil
+}
+
+// grant gives the name to token and returns its fence. s.mu must be held.
+func (s *Store) grant(st *state, token, instance, label, value string, shared bool, ttl time.Duration, now time.Time) uint64 {
+	s.fence++
+	st.holders = append(st.holders, holder{
+		token: token, shared: shared, fence: s.fence, instance: instance, label: label, value: value,
+		acquired: now, expires: now.Add(ttl),
+	})
 	return s.fence
 }
 
-// first returns the first waiter for name whose place has not expired, dropping the expired
-// ones before it. s.mu must be held.
-func (s *Store) first(name string, now time.Time) (waiter, bool) {
-	q := s.queues[name]
-	for len(q) > 0 && !now.Before(q[0].expires) {
-		q = q[1:]
+// queue1 puts r.Token at the end of the queue, or refreshes its place, and returns how long it
+// keeps it.
+func (st *state) queue1(r guard.Request, now time.Time) time.Duration {
+	place := watchdog.Place(QueueTimeout, r.TTL)
+	w := waiter{token: r.Token, instance: r.Instance, label: r.Label, value: r.Value,
+		shared: r.Shared, limit: r.Limit, ttl: r.TTL, place: place, attempt: r.Attempt, expires: now.Add(place)}
+	if i := slices.IndexFunc(st.queue, func(w waiter) bool { return w.token == r.Token }); i >= 0 {
+		st.queue[i] = w
+		return place
 	}
-	if len(q) == 0 {
-		delete(s.queues, name)
-		return waiter{}, false
-	}
-	s.queues[name] = q
-	return q[0], true
+	st.queue = append(st.queue, w)
+	return place
 }
 
-// queue puts r.Token at the end of r.Name's queue, or refreshes its place. s.mu must be held.
-func (s *Store) queue(r guard.Request, now time.Time) {
-	w := waiter{token: r.Token, instance: r.Instance, label: r.Label, ttl: r.TTL, expires: now.Add(QueueTimeout)}
-	q := s.queues[r.Name]
-	if i := slices.IndexFunc(q, func(w waiter) bool { return w.token == r.Token }); i >= 0 {
-		q[i] = w
-		return
+// handOver gives the name to its first live waiters while they fit — one, or several shared
+// ones — and returns the notices that tell the subscriptions: one per waiter it granted, or,
+// when it granted none, that the name may be free. released is the token whose release freed
+// the name ("" for a forced release or a waiter that left). It appends them to notices, whose
+// room a caller can give on its stack. s.mu must be held.
+func (s *Store) handOver(name string, st *state, released string, now time.Time, notices []guard.Notice) []guard.Notice {
+	for {
+		w, ok := st.first(now)
+		if !ok || !st.fits(w.shared, w.limit) {
+			break
+		}
+		st.leave(w.token)
+		// No longer than its place: a live waiter claims the rest of its lease.
+		lease := min(w.ttl, w.place)
+		fence := s.grant(st, w.token, w.instance, w.label, w.value, w.shared, lease, now)
+		notices = append(notices, guard.Notice{Name: name, Token: released, Next: w.token, Fence: fence,
+			Lease: lease, Attempt: w.attempt})
 	}
-	s.queues[r.Name] = append(q, w)
+	if len(notices) == 0 {
+		notices = append(notices, guard.Notice{Name: name, Token: released}) // to waiters that did not queue
+	}
+	return notices
 }
 
-// leave takes token out of name's queue and reports whether it was there. s.mu must be held.
-func (s *Store) leave(name, token string) bool {
-	q := s.queues[name]
-	i := slices.IndexFunc(q, func(w waiter) bool { return w.token == token })
-	if i < 0 {
-		return false
-	}
-	q = slices.Delete(q, i, i+1)
-	if len(q) == 0 {
-		delete(s.queues, name)
-	} else {
-		s.queues[name] = q
-	}
-	return true
-}
-
-// handOver gives the free name to its first live waiter, if any, and tells the subscriptions
-// that the release of token (empty for a forced one) did so — or, when nobody queued, that the
-// name is free. s.mu must be held; handOver lets go of it.
-func (s *Store) handOver(name, token string, now time.Time) {
-	w, ok := s.first(name, now)
-	if !ok {
-		s.notifyLocked(guard.Notice{Name: name, Token: token}) // to waiters that did not queue
-		return
-	}
-	s.leave(name, w.token)
-	// No longer than its place: a live waiter claims the rest of its lease at once.
-	fence := s.grant(name, w.token, w.instance, w.label, min(w.ttl, QueueTimeout), now)
-	s.notifyLocked(guard.Notice{Name: name, Token: token, Next: w.token, Fence: fence})
-}
-
-// sweep forgets every name whose lease ran out. s.mu must be held.
+// sweep forgets every name whose holders' leases and waiters' places all ran out. s.mu must be
+// held.
 func (s *Store) sweep(now time.Time) {
 	s.ops = 0
 	s.sweeps++
-	for name, e := range s.locks {
-		if !now.Before(e.expires) {
-			delete(s.locks, name)
-		}
-	}
-	for name, q := range s.queues {
-		q = slices.DeleteFunc(q, func(w waiter) bool { return !now.Before(w.expires) })
-		if len(q) == 0 {
-			delete(s.queues, name)
-		} else {
-			s.queues[name] = q
-		}
+	for name := range s.names {
+		s.state(name, now)
 	}
 }
 
@@ -224,64 +339,81 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 	defer s.mu.Unlock()
 	now := s.now()
 	for i, l := range leases {
-		e, ok := s.held(l.Name, now)
-		if !ok || e.token != l.Token {
+		var h *holder
+		if st := s.state(l.Name, now); st != nil {
+			h = st.holder(l.Token)
+		}
+		if h == nil {
 			errs[i] = guard.ErrNotHeld
 			continue
 		}
-		e.expires = now.Add(l.TTL)
-		s.locks[l.Name] = e
+		h.expires = now.Add(l.TTL)
 	}
 	return errs
 }
 
-// Release frees name if token holds it and hands it to the first live waiter, or with keep > 0
-// keeps it taken for keep under no token; either way it tells the subscriptions watching name.
-// A token that waits for name instead of holding it leaves the queue.
+// Release frees token's hold on name and hands what it frees to the first live waiters that
+// fit, or with keep > 0 keeps its place taken for keep under no token; either way it tells
+// the subscriptions watching name. A token that waits for name instead of holding it leaves
+// the queue.
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	now := s.now()
-	e, held := s.held(name, now)
-	if !held || e.token != token {
-		if s.leave(name, token) && !held {
-			// A waiter gave up while the name was free: the next one may take it now.
-			s.handOver(name, "", now)
-			return guard.ErrNotHeld
-		}
+	st := s.state(name, now)
+	var h *holder
+	if st != nil {
+		h = st.holder(token)
+	}
+	switch {
+	case h == nil && st != nil && st.leave(token):
+		// A waiter gave up: the next ones may fit now.
+		var room [1]guard.Notice
+		notices := s.handOver(name, st, "", now, room[:0])
+		s.state(name, now)
+		s.notifyLocked(notices)
+		return guard.ErrNotHeld
+	case h == nil:
 		s.mu.Unlock()
 		return guard.ErrNotHeld
-	}
-	if keep > 0 {
-		e.token = ""
-		e.expires = now.Add(keep)
-		s.locks[name] = e
-		s.notifyLocked(guard.Notice{Name: name, Token: token}) // waiters learn when the window ends
+	case keep > 0:
+		h.token, h.expires = "", now.Add(keep)
+		s.notifyLocked([]guard.Notice{{Name: name, Token: token}}) // waiters learn when the window ends
 		return nil
 	}
-	delete(s.locks, name)
-	s.handOver(name, token, now)
+	st.holders = slices.DeleteFunc(st.holders, func(x holder) bool { return x.token == token })
+	var room [1]guard.Notice
+	notices := s.handOver(name, st, token, now, room[:0])
+	s.state(name, now) // forgets a name nobody holds or waits for
+	s.notifyLocked(notices)
 	return nil
 }
 
-// notifyLocked tells the subscriptions watching n.Name, after letting go of s.mu, which must
-// be held.
-func (s *Store) notifyLocked(n guard.Notice) {
-	var notify []func(guard.Notice)
-	for sub := range s.subs {
-		if sub.watches(n.Name) {
-			notify = append(notify, sub.notify)
+// notifyLocked tells the subscriptions watching the notices' names, after letting go of s.mu,
+// which must be held.
+func (s *Store) notifyLocked(notices []guard.Notice) {
+	type call struct {
+		f func(guard.Notice)
+		n guard.Notice
+	}
+	var calls []call
+	for _, n := range notices {
+		for sub := range s.subs {
+			if sub.watches(n.Name) {
+				calls = append(calls, call{sub.notify, n})
+			}
 		}
 	}
 	s.mu.Unlock()
-	for _, f := range notify {
-		f(n)
+	for _, c := range calls {
+		c.f(c.n)
 	}
 }
 
-// Inspect reports name's holder. A free name's last fence is not kept: Fence is then 0.
+// Inspect reports name's newest holder and how many hold it. A free name's last fence is not
+// kept: Fence is then 0.
 func (s *Store) Inspect(ctx context.Context, name string) (guard.LockInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return guard.LockInfo{}, err
@@ -289,24 +421,29 @@ func (s *Store) Inspect(ctx context.Context, name string) (guard.LockInfo, error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	e, ok := s.held(name, now)
-	if !ok {
-		return guard.LockInfo{Name: name, Waiting: len(s.queues[name])}, nil
+	st := s.state(name, now)
+	if st == nil {
+		return guard.LockInfo{Name: name}, nil
 	}
-	info := info(name, e, now)
-	info.Waiting = len(s.queues[name])
+	info := guard.LockInfo{Name: name, Waiting: len(st.queue)}
+	if len(st.holders) > 0 {
+		newest := slices.MaxFunc(st.holders, func(a, b holder) int { return cmp.Compare(a.fence, b.fence) })
+		info = lockInfo(name, newest, len(st.holders), now)
+		info.Waiting = len(st.queue)
+	}
 	return info, nil
 }
 
-func info(name string, e entry, now time.Time) guard.LockInfo {
+func lockInfo(name string, h holder, holders int, now time.Time) guard.LockInfo {
 	return guard.LockInfo{
-		Name: name, Held: true, Kept: e.token == "", Fence: e.fence,
-		Instance: e.instance, Label: e.label, AcquiredAt: e.acquired, Remaining: e.expires.Sub(now),
+		Name: name, Held: true, Kept: h.token == "", Fence: h.fence, Instance: h.instance,
+		Label: h.label, Value: h.value, Shared: h.shared, Holders: holders,
+		AcquiredAt: h.acquired, Remaining: h.expires.Sub(now),
 	}
 }
 
-// List returns the held locks whose names start with prefix, in name order, after the name
-// cursor.
+// List returns the holders of the names that start with prefix, one entry each, in name and
+// fence order, after cursor: the last entry's name and fence, from the previous page.
 func (s *Store) List(ctx context.Context, prefix, cursor string, limit int) ([]guard.LockInfo, string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
@@ -316,34 +453,64 @@ func (s *Store) List(ctx context.Context, prefix, cursor string, limit int) ([]g
 	defer s.mu.Unlock()
 	now := s.now()
 	var page []guard.LockInfo
-	for name, e := range s.locks {
-		if strings.HasPrefix(name, prefix) && name > cursor && now.Before(e.expires) {
-			page = append(page, info(name, e, now))
+	for name := range s.names {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		st := s.state(name, now)
+		if st == nil {
+			continue
+		}
+		for _, h := range st.holders {
+			if info := lockInfo(name, h, len(st.holders), now); cursorKey(info) > cursor {
+				page = append(page, info)
+			}
 		}
 	}
-	slices.SortFunc(page, func(a, b guard.LockInfo) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(page, func(a, b guard.LockInfo) int { return cmp.Compare(cursorKey(a), cursorKey(b)) })
 	if len(page) <= limit {
 		return page, "", nil
 	}
 	page = page[:limit]
-	return page, page[limit-1].Name, nil
+	return page, cursorKey(page[limit-1]), nil
 }
 
-// ForceRelease frees name whoever holds it and notifies the subscriptions watching it.
-func (s *Store) ForceRelease(ctx context.Context, name string) error {
+// cursorKey orders List's entries: by name, then by fence. NUL sorts before every byte of a
+// name, so a name's entries come before those of the names it prefixes.
+func cursorKey(info guard.LockInfo) string {
+	var fence [8]byte
+	for i := range fence {
+		fence[i] = byte(info.Fence >> (56 - 8*i))
+	}
+	return info.Name + "\x00" + string(fence[:])
+}
+
+// ForceRelease frees name's holder with fence — every holder when fence is 0 — hands what it
+// frees to the first live waiters, and notifies the subscriptions watching it. It returns
+// guard.ErrNotHeld when name is free, and a *guard.ChangedHandsError when no holder has fence.
+func (s *Store) ForceRelease(ctx context.Context, name string, fence uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	now := s.now()
-	if _, ok := s.held(name, now); !ok {
+	st := s.state(name, now)
+	if st == nil || len(st.holders) == 0 {
 		s.mu.Unlock()
 		return guard.ErrNotHeld
 	}
-	delete(s.locks, name)
+	if fence != 0 && !slices.ContainsFunc(st.holders, func(h holder) bool { return h.fence == fence }) {
+		newest := slices.MaxFunc(st.holders, func(a, b holder) int { return cmp.Compare(a.fence, b.fence) })
+		s.mu.Unlock()
+		return &guard.ChangedHandsError{Name: name, Fence: fence, Found: newest.fence}
+	}
+	st.holders = slices.DeleteFunc(st.holders, func(h holder) bool { return fence == 0 || h.fence == fence })
 	// No token: the holder's Guard did not release it, and must not take the notice for its
 	// own release.
-	s.handOver(name, "", now)
+	var room [1]guard.Notice
+	notices := s.handOver(name, st, "", now, room[:0])
+	s.state(name, now)
+	s.notifyLocked(notices)
 	return nil
 }
 

@@ -23,17 +23,17 @@ func TestConformance(t *testing.T) {
 		New: func(testing.TB) locktest.Target { return locktest.Target{Backend: s} },
 		Delete: func(_ testing.TB, name string) {
 			s.mu.Lock()
-			delete(s.locks, name)
+			delete(s.names, name)
 			s.mu.Unlock()
 		},
 		Overwrite: func(_ testing.TB, name string) {
 			s.mu.Lock()
-			s.locks[name] = entry{token: "intruder", expires: time.Now().Add(time.Hour)}
+			s.names[name] = &state{holders: []holder{{token: "intruder", expires: time.Now().Add(time.Hour)}}}
 			s.mu.Unlock()
 		},
 		Wipe: func(testing.TB) {
 			s.mu.Lock()
-			clear(s.locks)
+			clear(s.names)
 			s.mu.Unlock()
 		},
 	})
@@ -65,7 +65,7 @@ func TestStateIsReclaimed(t *testing.T) {
 			require.NoError(t, s.Release(ctx, name, "t", 0))
 		}
 	}
-	assert.Len(t, s.locks, 50, "released names are kept")
+	assert.Len(t, s.names, 50, "released names are kept")
 	now = now.Add(time.Minute) // the other half ran out, unreleased
 	for range sweepEvery {
 		f, err := s.Acquire(ctx, guard.Request{Name: "request:0", Token: "again", TTL: time.Second})
@@ -74,6 +74,6 @@ func TestStateIsReclaimed(t *testing.T) {
 		last = f
 		require.NoError(t, s.Release(ctx, "request:0", "again", 0))
 	}
-	assert.Empty(t, s.locks, "names whose lease ran out were never swept")
+	assert.Empty(t, s.names, "names whose lease ran out were never swept")
 	assert.Equal(t, 1, s.sweeps)
 }

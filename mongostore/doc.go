@@ -1,6 +1,7 @@
 // Package mongostore is the MongoDB backend of guard, on the official driver
-// (go.mongodb.org/mongo-driver/v2): a guard.Backend and guard.Inspector that keeps one
-// document per lock name in a collection.
+// (go.mongodb.org/mongo-driver/v2): a guard.Backend, guard.Inspector and guard.Sharing that
+// keeps one document per lock name in a collection — its exclusive holder, or its shared
+// holders (semaphore permits, readers) in an embedded document.
 //
 //	g := guard.New(mongostore.New(client.Database("app").Collection("locks")))
 //
@@ -11,6 +12,9 @@
 // protocol, such as FerretDB. It has no release notifications: waiters in other processes
 // re-try with a backoff. Reclaim deletes the documents of names idle for long.
 //
-// docs/backends.md describes the schema, the commands, the clock estimate and the costs;
-// docs/semantics.md what each fault does.
+// The [backends guide] describes the schema, the commands, the clock estimate and the costs;
+// the [semantics guide] what each fault does.
+//
+// [backends guide]: https://github.com/guardlock/guard/blob/main/docs/backends.md
+// [semantics guide]: https://github.com/guardlock/guard/blob/main/docs/semantics.md
 package mongostore

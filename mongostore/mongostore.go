@@ -15,11 +15,13 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/internal/display"
 )
 
 var (
 	_ guard.Backend   = (*Store)(nil)
 	_ guard.Inspector = (*Store)(nil)
+	_ guard.Sharing   = (*Store)(nil)
 )
 
 // Field names of a lock document; see the package documentation for the schema.
@@ -32,7 +34,13 @@ const (
 	fieldAcquired = "acquired"
 	fieldInstance = "instance"
 	fieldLabel    = "label"
+	fieldValue    = "value"
 	fieldRenewal  = "renewal"
+	// Shared holds (see shared.go).
+	fieldShared    = "shared" // the shared holders, by token key: a sharedEntry each
+	fieldCount     = "n"      // how many entries shared has, live or not
+	fieldSharedEnd = "se"     // the latest expiry any shared entry was given
+	fieldNext      = "next"   // the waiting writer: {t: token, e: until when}
 )
 
 // keptOwner is the owner of a lock kept for the rest of a MinHold window: no token is equal to
@@ -53,8 +61,9 @@ var ErrIdleTooShort = errors.New("mongostore: reclaim idle time too short")
 // Store keeps locks in a MongoDB collection, one document per lock name. It is safe for
 // concurrent use. Create it with New.
 type Store struct {
-	coll  *mongo.Collection // with the store's write concern, primary reads, local read concern
-	clock clock
+	coll   *mongo.Collection // with the store's write concern, primary reads, local read concern
+	clock  clock
+	epochs epochs // the epochs of names this Store granted shared holds of
 }
 
 // Option configures a Store. Pass options to New, which validates them.
@@ -113,16 +122,25 @@ func New(coll *mongo.Collection, opts ...Option) *Store {
 	return st
 }
 
-// Acquire takes r.Name for r.Token when its document is free (no owner) or its lease has run
-// out by the server's clock — or r.Token holds it already (a retried request) — in one
-// findAndModify: a conditional upsert that matches the document only when it may be taken,
-// increments its fence and sets owner, expiry and holder metadata. When the name is held the
-// upsert collides with the existing document (duplicate key), and Acquire returns a
-// *guard.BusyError with Remaining 0: reading the holder's expiry would cost a second round trip.
+// Acquire takes r.Name for r.Token when its document is free (no owner, and no shared holder)
+// or its leases have run out by the server's clock — or r.Token holds it already (a retried
+// request) — in one findAndModify: a conditional upsert that matches the document only when it
+// may be taken, increments its fence and sets owner, expiry and holder metadata. When the name
+// is held the upsert collides with the existing document (duplicate key), and Acquire returns
+// a *guard.BusyError with Remaining 0: reading the holder's expiry would cost a second round
+// trip. A writer that waits (r.Wait) spends it: it reads the document, takes out the entries
+// of shared holders whose lease ran out, says how long the holders stay, and marks itself as
+// the waiting writer, so that readers that come after it are refused.
+//
+// A shared request (r.Shared) is granted beside the other shared holders, up to r.Limit of
+// them; see SharedLocks.
 //
 // The fence is the document's epoch plus its counter: the epoch is the server's time in
 // microseconds when the document was created, so that a name whose document was deleted
 // (Reclaim, or an operator) starts again above every fence it had.
+//
+// r.Instance, r.Label and r.Value are stored as text (NUL bytes and invalid UTF-8 replaced by U+FFFD):
+// BSON strings are UTF-8, and servers differ in what they do with bytes that are not.
 //
 // Other errors are the driver's, including the context's.
 func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
@@ -130,24 +148,33 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if r.Shared {
+		return s.acquireShared(ctx, r, now)
+	}
 	filter := bson.D{
 		{Key: fieldID, Value: r.Name},
 		{Key: "$or", Value: bson.A{
-			bson.D{{Key: fieldOwner, Value: ""}},
-			bson.D{{Key: fieldExpires, Value: bson.D{{Key: "$lte", Value: now}}}},
 			bson.D{{Key: fieldOwner, Value: r.Token}},
+			bson.D{{Key: "$and", Value: bson.A{exclusiveFree(now), sharedFree(now)}}},
 		}},
 	}
 	update := bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: fieldOwner, Value: r.Token},
-			{Key: fieldExpires, Value: expiry(now, r.TTL)},
-			{Key: fieldAcquired, Value: now},
-			{Key: fieldInstance, Value: r.Instance},
-			{Key: fieldLabel, Value: r.Label},
+			{Key: fieldExpires, Value: expiry(now.latest(), r.TTL)},
+			{Key: fieldAcquired, Value: now.t},
+			{Key: fieldInstance, Value: display.Text(r.Instance)},
+			{Key: fieldLabel, Value: display.Text(r.Label)},
+			{Key: fieldValue, Value: display.Text(r.Value)},
+			// Shared entries left can only be expired ones (sharedFree): they go.
+			{Key: fieldShared, Value: bson.D{}},
+			{Key: fieldCount, Value: int64(0)},
+			// A writer's turn has come: the waiting writer's mark ends (it marks again if it
+			// is not this one and still waits).
+			{Key: fieldNext + ".e", Value: now.t},
 		}},
 		{Key: "$inc", Value: bson.D{{Key: fieldFence, Value: int64(1)}}},
-		{Key: "$setOnInsert", Value: bson.D{{Key: fieldEpoch, Value: now.UnixMicro()}}},
+		{Key: "$setOnInsert", Value: bson.D{{Key: fieldEpoch, Value: now.latest().UnixMicro()}}},
 	}
 	// No projection: FerretDB does not implement findAndModify's "fields", and the whole
 	// document is small.
@@ -156,14 +183,21 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 		Fence int64 `bson:"fence"`
 		Epoch int64 `bson:"epoch"`
 	}
-	err = s.coll.FindOneAndUpdate(ctx, filter, update, opts).Decode(&doc)
-	switch {
-	case err == nil:
-		return uint64(doc.Epoch) + uint64(doc.Fence), nil
-	case mongo.IsDuplicateKeyError(err):
-		return 0, &guard.BusyError{Name: r.Name}
-	default:
-		return 0, err
+	for try := 0; ; try++ {
+		err = s.coll.FindOneAndUpdate(ctx, filter, update, opts).Decode(&doc)
+		switch {
+		case err == nil:
+			return uint64(doc.Epoch) + uint64(doc.Fence), nil
+		case !mongo.IsDuplicateKeyError(err):
+			return 0, err
+		case !r.Wait || try > 0:
+			return 0, &guard.BusyError{Name: r.Name}
+		}
+		// A writer that waits: see what keeps it out, and hold later readers back.
+		again, err := s.busyWriter(ctx, r, now)
+		if !again {
+			return 0, err
+		}
 	}
 }
 
@@ -192,21 +226,40 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 	if err != nil {
 		return fail(err)
 	}
+	// The last lease of a lock named twice stands (guard.Backend.Extend): each of them carries
+	// its TTL, since the server runs an unordered batch's writes in any order.
+	last := make(map[[2]string]time.Duration, len(leases))
+	for _, l := range leases {
+		last[[2]string{l.Name, l.Token}] = l.TTL
+	}
 	call := bson.NewObjectID().Hex()
-	models := make([]mongo.WriteModel, len(leases))
+	// Two updates per lease, of which one at most matches: the exclusive holder's, and the
+	// shared entry's (a lease does not say which kind it is).
+	models := make([]mongo.WriteModel, 0, 2*len(leases))
 	expires := make([]time.Time, len(leases))
 	for i, l := range leases {
-		expires[i] = expiry(now, l.TTL)
-		models[i] = mongo.NewUpdateOneModel().
+		expires[i] = expiry(now.latest(), last[[2]string{l.Name, l.Token}])
+		models = append(models, mongo.NewUpdateOneModel().
 			SetFilter(bson.D{
 				{Key: fieldID, Value: l.Name},
 				{Key: fieldOwner, Value: l.Token},
-				{Key: fieldExpires, Value: bson.D{{Key: "$gt", Value: now}}},
+				{Key: fieldExpires, Value: bson.D{{Key: "$gt", Value: now.earliest()}}},
 			}).
 			SetUpdate(bson.D{{Key: "$set", Value: bson.D{
 				{Key: fieldExpires, Value: expires[i]},
 				{Key: fieldRenewal, Value: call},
-			}}})
+			}}}))
+		k := entryPath(l.Token)
+		models = append(models, mongo.NewUpdateOneModel().
+			SetFilter(bson.D{
+				{Key: fieldID, Value: l.Name},
+				{Key: k + ".o", Value: l.Token},
+				{Key: k + ".e", Value: bson.D{{Key: "$gt", Value: now.earliest()}}},
+			}).
+			SetUpdate(bson.D{
+				{Key: "$set", Value: bson.D{{Key: k + ".e", Value: expires[i]}, {Key: k + ".r", Value: call}}},
+				{Key: "$max", Value: bson.D{{Key: fieldSharedEnd, Value: expires[i]}}},
+			}))
 	}
 	res, err := s.coll.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
 	failed := 0
@@ -217,8 +270,8 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 			return fail(err)
 		}
 		for _, we := range bwe.WriteErrors {
-			if we.Index >= 0 && we.Index < len(errs) && errs[we.Index] == nil {
-				errs[we.Index] = we
+			if i := we.Index / 2; we.Index >= 0 && i < len(errs) && errs[i] == nil {
+				errs[i] = we
 				failed++
 			}
 		}
@@ -252,6 +305,7 @@ func (s *Store) resolveExtend(ctx context.Context, leases []guard.Lease, expires
 		bson.D{{Key: fieldID, Value: bson.D{{Key: "$in", Value: names}}}},
 		options.Find().SetProjection(bson.D{
 			{Key: fieldOwner, Value: 1}, {Key: fieldExpires, Value: 1}, {Key: fieldRenewal, Value: 1},
+			{Key: fieldShared, Value: 1},
 		}))
 	var docs []lockDoc
 	if err == nil {
@@ -274,7 +328,15 @@ func (s *Store) resolveExtend(ctx context.Context, leases []guard.Lease, expires
 			continue
 		}
 		d, ok := byName[l.Name]
-		if !ok || d.Owner != l.Token || (d.Renewal != call && d.Expires.Before(expires[i])) {
+		if !ok {
+			errs[i] = guard.ErrNotHeld
+			continue
+		}
+		owner, renewal, until := d.Owner, d.Renewal, d.Expires
+		if e, ok := d.Shared[entryKey(l.Token)]; ok && d.Owner != l.Token {
+			owner, renewal, until = e.Owner, e.Renewal, e.Expires
+		}
+		if owner != l.Token || (renewal != call && until.Before(expires[i])) {
 			errs[i] = guard.ErrNotHeld
 		}
 	}
@@ -295,17 +357,43 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 	filter := bson.D{
 		{Key: fieldID, Value: name},
 		{Key: fieldOwner, Value: token},
-		{Key: fieldExpires, Value: bson.D{{Key: "$gt", Value: now}}},
+		{Key: fieldExpires, Value: bson.D{{Key: "$gt", Value: now.earliest()}}},
 	}
-	set := bson.D{{Key: fieldOwner, Value: ""}, {Key: fieldExpires, Value: now}}
+	set := bson.D{{Key: fieldOwner, Value: ""}, {Key: fieldExpires, Value: now.t}}
 	if keep > 0 {
-		set = bson.D{{Key: fieldOwner, Value: keptOwner}, {Key: fieldExpires, Value: expiry(now, keep)}}
+		set = bson.D{{Key: fieldOwner, Value: keptOwner}, {Key: fieldExpires, Value: expiry(now.latest(), keep)}}
 	}
-	res, err := s.coll.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}})
+	// The same for a shared holder, in the same command: one of the two matches at most.
+	k := entryPath(token)
+	sharedFilter := bson.D{
+		{Key: fieldID, Value: name},
+		{Key: k + ".o", Value: token},
+		{Key: k + ".e", Value: bson.D{{Key: "$gt", Value: now.earliest()}}},
+	}
+	sharedUpdate := bson.D{
+		{Key: "$unset", Value: bson.D{{Key: k, Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: fieldCount, Value: int64(-1)}}},
+	}
+	if keep > 0 {
+		until := expiry(now.latest(), keep)
+		sharedUpdate = bson.D{
+			{Key: "$set", Value: bson.D{{Key: k + ".o", Value: keptOwner}, {Key: k + ".e", Value: until}}},
+			{Key: "$max", Value: bson.D{{Key: fieldSharedEnd, Value: until}}},
+		}
+	}
+	res, err := s.coll.BulkWrite(ctx, []mongo.WriteModel{
+		mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(bson.D{{Key: "$set", Value: set}}),
+		mongo.NewUpdateOneModel().SetFilter(sharedFilter).SetUpdate(sharedUpdate),
+	}, options.BulkWrite().SetOrdered(false))
 	if err != nil {
 		return err
 	}
 	if res.MatchedCount == 0 {
+		// Not a holder: a writer that gave up waiting takes its mark back.
+		if _, err := s.coll.UpdateOne(ctx, bson.D{{Key: fieldID, Value: name}, {Key: fieldNext + ".t", Value: token}},
+			bson.D{{Key: "$unset", Value: bson.D{{Key: fieldNext, Value: ""}}}}); err != nil {
+			return err
+		}
 		return guard.ErrNotHeld
 	}
 	return nil
@@ -327,7 +415,15 @@ func (s *Store) Reclaim(ctx context.Context, idle time.Duration) (int64, error) 
 	}
 	// A lock that ended on its own (or a kept one whose window closed) is as free as a
 	// released one: its expiry is when it became free.
-	res, err := s.coll.DeleteMany(ctx, bson.D{{Key: fieldExpires, Value: bson.D{{Key: "$lt", Value: now.Add(-idle)}}}})
+	since := now.earliest().Add(-idle)
+	res, err := s.coll.DeleteMany(ctx, bson.D{
+		{Key: fieldExpires, Value: bson.D{{Key: "$lt", Value: since}}},
+		{Key: "$or", Value: bson.A{ // and no shared holder since
+			bson.D{{Key: fieldCount, Value: bson.D{{Key: "$lte", Value: 0}}}},
+			bson.D{{Key: fieldCount, Value: bson.D{{Key: "$exists", Value: false}}}},
+			bson.D{{Key: fieldSharedEnd, Value: bson.D{{Key: "$lt", Value: since}}}},
+		}},
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -337,7 +433,10 @@ func (s *Store) Reclaim(ctx context.Context, idle time.Duration) (int64, error) 
 // SyncClock measures the offset of the server's clock now, with a hello command, instead of
 // waiting for the next operation to find the measurement stale. Every expiry a Store writes
 // or compares is in the server's time, estimated as the local monotonic clock plus this
-// offset. Calling it once at startup keeps the first lock operation to one round trip.
+// offset, and allows for the estimate's uncertainty (ClockOffset) on both sides: a lease is
+// written to end its TTL after the latest the server's time may be, and is over only once it
+// ended before the earliest. Calling it once at startup keeps the first lock operation to one
+// round trip.
 func (s *Store) SyncClock(ctx context.Context) error {
 	return s.clock.sync(ctx)
 }
@@ -352,10 +451,11 @@ func (s *Store) ClockOffset() (offset, uncertainty time.Duration) {
 
 // lockDoc is the part of a lock document that Extend reads back.
 type lockDoc struct {
-	ID      string    `bson:"_id"`
-	Owner   string    `bson:"owner"`
-	Expires time.Time `bson:"expires"`
-	Renewal string    `bson:"renewal"`
+	ID      string                 `bson:"_id"`
+	Owner   string                 `bson:"owner"`
+	Expires time.Time              `bson:"expires"`
+	Renewal string                 `bson:"renewal"`
+	Shared  map[string]sharedEntry `bson:"shared"`
 }
 
 // expiry returns now+d rounded up to the millisecond, the resolution of a BSON date: a lease
@@ -388,22 +488,40 @@ type clock struct {
 	syncing    bool      // a refresh is running; others use the current estimate meanwhile
 }
 
-// now returns the estimated current time of the server, measuring it first when there is no
-// estimate yet or the last one is older than refresh. A failed refresh keeps the old estimate.
+// instant is an estimate of the server's time: the server's clock reads within t ± unc.
+//
+// Every expiry decision allows for unc on both sides, so that stores whose estimates err in
+// opposite directions still agree: a lease of d is written to end d after the latest the
+// server's time may be, and a lease counts as over only once it ended before the earliest.
+type instant struct {
+	t   time.Time
+	unc time.Duration
+}
+
+// earliest returns the soonest the server's time may be: a lease is over, for the store, when
+// it ended at or before it.
+func (i instant) earliest() time.Time { return i.t.Add(-i.unc) }
+
+// latest returns the latest the server's time may be: a lease of d ends d after it.
+func (i instant) latest() time.Time { return i.t.Add(i.unc) }
+
+// now returns the estimated current time of the server and its uncertainty, measuring it
+// first when there is no estimate yet or the last one is older than refresh. A failed
+// refresh keeps the old estimate.
 //
 // The estimate runs on the local monotonic clock, which stops while the host is suspended: a
 // host that was away (its wall clock ran ahead of the monotonic one) measures again before it
 // trusts the estimate.
-func (c *clock) now(ctx context.Context) (time.Time, error) {
+func (c *clock) now(ctx context.Context) (instant, error) {
 	c.mu.Lock()
 	if !c.at.IsZero() && c.suspended() {
 		c.at = time.Time{} // measure again, everyone waiting for it
 	}
 	have := !c.at.IsZero()
 	if have && (c.syncing || time.Since(c.checked) < c.refresh) {
-		t := c.base.Add(time.Since(c.at))
+		now := c.instant()
 		c.mu.Unlock()
-		return t, nil
+		return now, nil
 	}
 	c.syncing = have // a first measurement is not shared: everyone waits for one
 	c.mu.Unlock()
@@ -416,9 +534,15 @@ func (c *clock) now(ctx context.Context) (time.Time, error) {
 		c.syncing = false
 	}
 	if c.at.IsZero() {
-		return time.Time{}, fmt.Errorf("measuring the server's clock: %w", err)
+		return instant{}, fmt.Errorf("measuring the server's clock: %w", err)
 	}
-	return c.base.Add(time.Since(c.at)), nil
+	return c.instant(), nil
+}
+
+// instant returns the estimate for now. c.mu must be held, and c.at set.
+func (c *clock) instant() instant {
+	local := time.Now()
+	return instant{t: c.base.Add(local.Sub(c.at)), unc: c.uncertaintyAt(local)}
 }
 
 // sync samples the server's clock (twice for the first measurement, whose first round trip

@@ -65,16 +65,22 @@ type client struct {
 // so that every later operation is exactly its own commands.
 func newClient(tb testing.TB, srv *testserver.Mongo, opts ...mongostore.Option) *client {
 	tb.Helper()
+	return newClientOn(tb, srv, collName, opts...)
+}
+
+// newClientOn is newClient on the collection called coll.
+func newClientOn(tb testing.TB, srv *testserver.Mongo, coll string, opts ...mongostore.Option) *client {
+	tb.Helper()
 	cmds := &commands{}
 	mc, err := mongo.Connect(options.Client().ApplyURI(srv.URI).
 		SetServerSelectionTimeout(2 * time.Second).
 		SetMonitor(&event.CommandMonitor{Started: cmds.started}))
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = mc.Disconnect(context.Background()) })
-	coll := mc.Database(srv.Database).Collection(collName)
-	s := mongostore.New(coll, opts...)
+	c := mc.Database(srv.Database).Collection(coll)
+	s := mongostore.New(c, opts...)
 	require.NoError(tb, s.SyncClock(tb.Context()))
-	return &client{store: s, coll: coll, cmds: cmds}
+	return &client{store: s, coll: c, cmds: cmds}
 }
 
 // count runs f and returns the names of the commands it sent.
@@ -92,6 +98,7 @@ type lockDoc struct {
 	Acquired time.Time `bson:"acquired"`
 	Instance string    `bson:"instance"`
 	Label    string    `bson:"label"`
+	Value    string    `bson:"value"`
 }
 
 func (c *client) doc(t *testing.T, name string) lockDoc {
@@ -190,7 +197,7 @@ func TestAcquire(t *testing.T) {
 
 	before := time.Now()
 	fence, err := a.store.Acquire(ctx, guard.Request{Name: "job", Token: "token-a", TTL: time.Minute,
-		Instance: "instance-a", Label: "job:{id}"})
+		Instance: "instance-a", Label: "job:{id}", Value: "leader-a"})
 	require.NoError(t, err)
 
 	d := a.doc(t, "job")
@@ -200,6 +207,11 @@ func TestAcquire(t *testing.T) {
 	assert.WithinDuration(t, before, time.UnixMicro(d.Epoch), time.Second, "the epoch is the server's time")
 	assert.Equal(t, "instance-a", d.Instance)
 	assert.Equal(t, "job:{id}", d.Label)
+	assert.Equal(t, "leader-a", d.Value, "the value the holder publishes (an election's)")
+	info, err := b.store.Inspect(ctx, "job")
+	require.NoError(t, err)
+	assert.Equal(t, "leader-a", info.Value)
+	assert.Equal(t, 1, info.Holders)
 	assert.WithinDuration(t, before, d.Acquired, time.Second)
 	assert.WithinDuration(t, before.Add(time.Minute), d.Expires, time.Second)
 

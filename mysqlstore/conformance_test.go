@@ -30,15 +30,16 @@ func (srv *server) harness() locktest.Harness {
 			return locktest.Target{Backend: s, RoundTrips: rt.Load}
 		},
 		Delete: func(tb testing.TB, name string) {
+			// Every row of the name: its holders, its queue and its fence.
 			res, err := srv.admin.ExecContext(context.Background(), "DELETE FROM guard_locks WHERE name = ?", name)
 			require.NoError(tb, err)
 			n, _ := res.RowsAffected()
-			require.Equal(tb, int64(1), n, "no lock %q to delete", name)
+			require.Positive(tb, n, "no lock %q to delete", name)
 		},
 		Overwrite: func(tb testing.TB, name string) {
 			// The intruder keeps the holder's lease.
 			res, err := srv.admin.ExecContext(context.Background(),
-				"UPDATE guard_locks SET owner = 'intruder' WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)", name)
+				"UPDATE guard_locks SET token = 'intruder' WHERE name = ? AND token <> '' AND NOT waiting AND expires_at > UTC_TIMESTAMP(6)", name)
 			require.NoError(tb, err)
 			n, _ := res.RowsAffected()
 			require.Equal(tb, int64(1), n, "no lock %q to overwrite", name)

@@ -45,9 +45,9 @@ func TestNewPanics(t *testing.T) {
 	}
 }
 
-// tableErr is quoteTable's reason for refusing name.
+// tableErr is splitTable's reason for refusing name.
 func tableErr(name string) string {
-	_, err := quoteTable(name)
+	_, err := splitTable(name)
 	if err == nil {
 		return "<accepted>"
 	}
@@ -247,8 +247,8 @@ func scenario(t *testing.T, srv *server, s, other *Store) {
 	assert.True(t, info.Kept)
 
 	// A forced release frees it; the next owner gets a higher fence.
-	require.NoError(t, s.ForceRelease(ctx, name))
-	require.ErrorIs(t, s.ForceRelease(ctx, name), guard.ErrNotHeld)
+	require.NoError(t, s.ForceRelease(ctx, name, 0))
+	require.ErrorIs(t, s.ForceRelease(ctx, name, 0), guard.ErrNotHeld)
 	f3, err := s.Acquire(ctx, mine)
 	require.NoError(t, err)
 	assert.Greater(t, f3, f2)
@@ -310,9 +310,9 @@ func TestExtendBatch(t *testing.T) {
 	})
 	t.Run("SomeLost", func(t *testing.T) {
 		leases := take(4)
-		_, err := srv.admin.ExecContext(ctx, "UPDATE guard_locks SET owner = 'intruder' WHERE name = ?", leases[1].Name)
+		_, err := srv.admin.ExecContext(ctx, "UPDATE guard_locks SET token = 'intruder' WHERE name = ? AND token <> ''", leases[1].Name)
 		require.NoError(t, err)
-		require.NoError(t, s.ForceRelease(ctx, leases[2].Name))
+		require.NoError(t, s.ForceRelease(ctx, leases[2].Name, 0))
 		// The UPDATE changes two rows of four: one more round trip says which.
 		held(extend(leases, 2), true, false, false, true)
 	})
@@ -332,8 +332,8 @@ func TestExtendBatch(t *testing.T) {
 	t.Run("Repeated", func(t *testing.T) {
 		leases := take(1)
 		leases = append(leases, leases[0])
-		// One row changes for two leases: the second round trip finds both held.
-		held(extend(leases, 2), true, true)
+		// The statement names the lock once and counts its row once: one round trip.
+		held(extend(leases, 1), true, true)
 	})
 	t.Run("Large", func(t *testing.T) {
 		leases := take(maxBatch + 1)
@@ -428,6 +428,9 @@ func TestServerRestart(t *testing.T) {
 	}
 	ended := time.Now()
 	require.ErrorIs(t, l.Err(), guard.ErrLockLost)
+	// The last deadline the lock trusted: a renewal answered as the server went away may have
+	// moved it past the one read above.
+	deadline = l.Deadline()
 	assert.True(t, ended.Before(deadline.Add(watchdog.Drift(ttl))), "lost after the lease could have ended")
 	t.Logf("server killed; context ended %v after the deadline, %v before the lease could end: %v",
 		ended.Sub(deadline), deadline.Add(watchdog.Drift(ttl)).Sub(ended), l.Err())
@@ -465,6 +468,9 @@ func TestPausedServer(t *testing.T) {
 	ended := time.Now()
 	srv.Resume(t)
 	require.ErrorIs(t, l.Err(), guard.ErrLockLost)
+	// The last deadline the lock trusted: a renewal answered as the server froze may have moved
+	// it past the one read above.
+	deadline = l.Deadline()
 	assert.True(t, ended.Before(deadline.Add(watchdog.Drift(ttl))), "lost after the lease could have ended")
 	t.Logf("server paused; context ended %v after the deadline, %v before the lease could end: %v",
 		ended.Sub(deadline), deadline.Add(watchdog.Drift(ttl)).Sub(ended), l.Err())
@@ -484,7 +490,7 @@ func TestStatementsPerOperation(t *testing.T) {
 	ctx := t.Context()
 	status := func() map[string]int64 {
 		rows, err := srv.admin.QueryContext(ctx,
-			"SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_insert', 'Com_update', 'Com_select')")
+			"SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_call_procedure', 'Com_update', 'Com_select')")
 		require.NoError(t, err)
 		defer rows.Close()
 		m := make(map[string]int64)
@@ -504,9 +510,9 @@ func TestStatementsPerOperation(t *testing.T) {
 		kind string
 		do   func() error
 	}{
-		{"acquire", "Com_insert", func() error { _, err := s.Acquire(ctx, r); return err }},
-		{"acquire again", "Com_insert", func() error { _, err := s.Acquire(ctx, r); return err }},
-		{"busy acquire", "Com_insert", func() error {
+		{"acquire", "Com_call_procedure", func() error { _, err := s.Acquire(ctx, r); return err }},
+		{"acquire again", "Com_call_procedure", func() error { _, err := s.Acquire(ctx, r); return err }},
+		{"busy acquire", "Com_call_procedure", func() error {
 			_, err := s.Acquire(ctx, other)
 			if err == nil {
 				return fmt.Errorf("not busy")
@@ -516,10 +522,10 @@ func TestStatementsPerOperation(t *testing.T) {
 		{"extend", "Com_update", func() error { return s.Extend(ctx, []guard.Lease{{Name: r.Name, Token: r.Token, TTL: time.Minute}})[0] }},
 		{"inspect", "Com_select", func() error { _, err := s.Inspect(ctx, r.Name); return err }},
 		{"list", "Com_select", func() error { _, _, err := s.List(ctx, "", "", 10); return err }},
-		{"release with MinHold", "Com_update", func() error { return s.Release(ctx, r.Name, r.Token, time.Minute) }},
-		{"force release", "Com_update", func() error { return s.ForceRelease(ctx, r.Name) }},
-		{"acquire after release", "Com_insert", func() error { _, err := s.Acquire(ctx, other); return err }},
-		{"release", "Com_update", func() error { return s.Release(ctx, r.Name, other.Token, 0) }},
+		{"release with MinHold", "Com_call_procedure", func() error { return s.Release(ctx, r.Name, r.Token, time.Minute) }},
+		{"force release", "Com_call_procedure", func() error { return s.ForceRelease(ctx, r.Name, 0) }},
+		{"acquire after release", "Com_call_procedure", func() error { _, err := s.Acquire(ctx, other); return err }},
+		{"release", "Com_call_procedure", func() error { return s.Release(ctx, r.Name, other.Token, 0) }},
 	}
 	for _, op := range ops {
 		before, trips := status(), rt.Load()
@@ -527,7 +533,12 @@ func TestStatementsPerOperation(t *testing.T) {
 		after := status()
 		// Questions counts the SHOW STATUS that reads it.
 		assert.Equal(t, int64(1), after["Questions"]-before["Questions"]-1, "%s: statements", op.name)
-		assert.Equal(t, int64(1), after[op.kind]-before[op.kind], "%s: %s", op.name, op.kind)
+		if op.kind == "Com_call_procedure" {
+			// The procedure's own calls of its helpers count too.
+			assert.Positive(t, after[op.kind]-before[op.kind], "%s: %s", op.name, op.kind)
+		} else {
+			assert.Equal(t, int64(1), after[op.kind]-before[op.kind], "%s: %s", op.name, op.kind)
+		}
 		assert.Equal(t, int64(1), rt.Load()-trips, "%s: round trips at the socket", op.name)
 	}
 }

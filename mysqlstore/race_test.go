@@ -38,7 +38,7 @@ func TestTakeoverRace(t *testing.T) {
 	}
 	expired := func(t *testing.T, name string) {
 		_, err := srv.admin.ExecContext(t.Context(), `INSERT INTO guard_locks
-			(name, owner, fence, expires_at, acquired_at, instance, label)
+			(name, token, fence, expires_at, acquired_at, instance, label)
 			VALUES (?, 'crashed', 7, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, 'crashed', '')`,
 			name)
 		require.NoError(t, err)
@@ -91,8 +91,10 @@ func naiveAcquire(s *Store, ctx context.Context, r guard.Request) (uint64, error
 	if !ended {
 		return 0, &guard.BusyError{Name: r.Name, Remaining: time.Minute}
 	}
-	_, err = s.db.ExecContext(ctx, "UPDATE guard_locks SET owner = ?, fence = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE name = ?",
-		r.Token, fence+1, r.TTL.Microseconds(), r.Name)
+	// The token is part of the key now: a racer that changed it would move the row, and
+	// racers would deadlock on the gaps instead of showing the bug. The lease is enough.
+	_, err = s.db.ExecContext(ctx, "UPDATE guard_locks SET instance = ?, fence = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE name = ?",
+		r.Instance, fence+1, r.TTL.Microseconds(), r.Name)
 	return fence + 1, err
 }
 

@@ -5,7 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/guardlock/guard/internal/display"
 )
 
 // The statements of the store, one per operation. Every one is a single statement sent with
@@ -23,117 +24,132 @@ import (
 // session time_zone changes. Moments are stored as DATETIME(6) in UTC; DATETIME (unlike
 // TIMESTAMP) is never converted by the session time zone either.
 const (
-	// createTableSQL is the schema; the DDL in docs/backends.md is a copy.
+	// createTableSQL is the schema; the DDL in docs/backends.md is a copy. Rows of a name,
+	// all under the key (name, token):
+	//   - the name's row, token '': the last number given — fences and places in the queue
+	//     both count it up — and the last grant's time and metadata. Every change of the
+	//     name's holders and queue locks this row first, so that they happen one at a time.
+	//   - a holder's row, waiting 0: its token, fence, lease and metadata, shared or not;
+	//     kept 1 once released for the rest of a MinHold window, which no token can extend
+	//     or release and which counts as a holder.
+	//   - a waiter's row, waiting 1: an exclusive request that waits, until when its mark
+	//     lasts (expires_at); no shared request is granted while one is live (procedures.go).
+	// A holder's or waiter's row whose expires_at is past is dead: the next change of the
+	// name deletes it.
 	createTableSQL = "CREATE TABLE IF NOT EXISTS {table} (\n" +
 		"  name        VARBINARY(1024) NOT NULL COMMENT 'the lock name, compared byte by byte',\n" +
-		"  owner       VARBINARY(255)  NOT NULL COMMENT 'the holder''s token; empty once released, or kept for a MinHold window',\n" +
-		"  fence       BIGINT UNSIGNED NOT NULL COMMENT 'the last fence given; only grows',\n" +
-		"  expires_at  DATETIME(6)     NOT NULL COMMENT 'end of the lease (UTC, database clock); the name is taken while it is in the future',\n" +
+		"  token       VARBINARY(255)  NOT NULL COMMENT 'a holder''s or waiter''s token; empty for the name''s row',\n" +
+		"  fence       BIGINT UNSIGNED NOT NULL COMMENT 'name''s row: the last number given; holder: its fence; waiter: its number',\n" +
+		"  expires_at  DATETIME(6)     NOT NULL COMMENT 'end of the lease or wait (UTC, database clock); name''s row: of the longest given',\n" +
 		"  acquired_at DATETIME(6)     NOT NULL COMMENT 'when the holder took it (UTC, database clock)',\n" +
 		"  instance    VARCHAR(255)    NOT NULL COMMENT 'who took it (guard.WithInstance)',\n" +
 		"  label       VARCHAR(255)    NOT NULL COMMENT 'the acquisition''s guard.Label',\n" +
-		"  PRIMARY KEY (name)\n" +
+		"  value       VARCHAR(255)    NOT NULL DEFAULT '' COMMENT 'what the holder publishes (an election''s value)',\n" +
+		"  shared      BOOL            NOT NULL DEFAULT 0 COMMENT 'a shared hold (a permit, a reader)',\n" +
+		"  kept        BOOL            NOT NULL DEFAULT 0 COMMENT 'released, kept for the rest of a MinHold window',\n" +
+		"  waiting     BOOL            NOT NULL DEFAULT 0 COMMENT 'an exclusive request that waits, not a holder',\n" +
+		"  PRIMARY KEY (name, token)\n" +
 		") ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
 
-	// acquireSQL inserts the row of a name never seen, or takes over an existing one. The
-	// answer comes back in the OK packet's last-insert id, set by LAST_INSERT_ID(expr): the
-	// fence when the lock is taken, or — with the top bit set — the holder's remaining lease
-	// in microseconds when it is busy (see decodeAcquire). The VALUES list is evaluated
-	// first, even for a name that has a row, and sets it to now; every branch of the fence
-	// CASE then sets it again, the busy one as "fence + 0 * LAST_INSERT_ID(…)", which leaves
-	// the fence as it was.
-	//
-	// MySQL and MariaDB evaluate the assignments of ON DUPLICATE KEY UPDATE left to right,
-	// each seeing the columns already assigned (MariaDB's SIMULTANEOUS_ASSIGNMENT sql_mode
-	// lets them all see the old row instead). The statement gives the same result either
-	// way:
-	//   - fence, acquired_at, instance and label come before owner and expires_at, so they
-	//     test "expires_at <= now" and "owner = token" on the old row;
-	//   - owner and expires_at test "expires_at <= now OR owner = token", which is true of
-	//     the old row exactly when it is true after owner was set: a take sets owner to the
-	//     token, and a busy row changes nothing.
-	// A retry by the token that holds the name (its reply was lost) matches "owner = token"
-	// and keeps the fence; a name whose lease ended gets GREATEST(fence + 1, now in µs), which
-	// still increases after the row was deleted (Reclaim, an operator) as long as the
-	// database's clock has not stepped back further than the time since the row was last
-	// taken.
-	acquireSQL = "INSERT INTO {table} (name, owner, fence, expires_at, acquired_at, instance, label)\n" +
-		"VALUES ({name}, {token}, LAST_INSERT_ID(" + nowMicros + "),\n" +
-		"  UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND, UTC_TIMESTAMP(6), {instance}, {label})\n" +
-		"ON DUPLICATE KEY UPDATE\n" +
-		"  fence = CASE\n" +
-		"    WHEN expires_at <= UTC_TIMESTAMP(6) THEN LAST_INSERT_ID(GREATEST(fence + 1, " + nowMicros + "))\n" +
-		"    WHEN owner = {token} THEN LAST_INSERT_ID(fence)\n" +
-		"    ELSE fence + 0 * LAST_INSERT_ID((1 << 63) | TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))\n" +
-		"  END,\n" +
-		"  acquired_at = IF(expires_at <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), acquired_at),\n" +
-		"  instance = IF(expires_at <= UTC_TIMESTAMP(6), {instance}, instance),\n" +
-		"  label = IF(expires_at <= UTC_TIMESTAMP(6), {label}, label),\n" +
-		"  owner = IF(expires_at <= UTC_TIMESTAMP(6) OR owner = {token}, {token}, owner),\n" +
-		"  expires_at = IF(expires_at <= UTC_TIMESTAMP(6) OR owner = {token},\n" +
-		"    UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND, expires_at)"
+	// columnsSQL reads which of the columns that tell the layout the table has: none of them
+	// in a table of the previous layout (a row per name, primary key (name)); kept without
+	// waiting in one whose migration stopped half-way.
+	columnsSQL = "SELECT COLUMN_NAME FROM information_schema.COLUMNS\n" +
+		"WHERE TABLE_SCHEMA = {schema} AND TABLE_NAME = {name} AND COLUMN_NAME IN ('kept', 'waiting')"
+
+	// migrateSQL brings a table of the previous layout to the current one, in steps that
+	// CreateTable runs in order, under an advisory lock: the columns — owner renamed token,
+	// so that every statement of an earlier build fails on the new layout instead of taking
+	// a name beside its holders — and the key; the rows —
+	// each old row is the name's row (token ''), and a held one also stays its holder's row,
+	// so that its holder renews and releases it as before, while a kept MinHold window gets a
+	// token no caller has ('kept:' and its fence); the waiting column last, which marks the
+	// migration done. The row steps can run again after a stop half-way: a name's row that
+	// holders' rows share a name with is never taken for a kept window, and a name's row is
+	// never made twice.
+	migrateColumnsSQL = "ALTER TABLE {table}\n" +
+		"  CHANGE COLUMN owner token VARBINARY(255) NOT NULL COMMENT 'a holder''s or waiter''s token; empty for the name''s row',\n" +
+		"  ADD COLUMN value   VARCHAR(255) NOT NULL DEFAULT '' COMMENT 'what the holder publishes (an election''s value)',\n" +
+		"  ADD COLUMN shared  BOOL         NOT NULL DEFAULT 0 COMMENT 'a shared hold (a permit, a reader)',\n" +
+		"  ADD COLUMN kept    BOOL         NOT NULL DEFAULT 0 COMMENT 'released, kept for the rest of a MinHold window',\n" +
+		"  DROP PRIMARY KEY, ADD PRIMARY KEY (name, token)"
+	migrateKeptSQL = "UPDATE {table} AS k LEFT JOIN {table} AS h ON h.name = k.name AND h.token <> X''\n" +
+		"SET k.token = CONCAT('kept:', k.fence), k.kept = 1\n" +
+		"WHERE k.token = X'' AND k.expires_at > UTC_TIMESTAMP(6) AND h.name IS NULL"
+	migrateNamesSQL = "INSERT IGNORE INTO {table} (name, token, fence, expires_at, acquired_at, instance, label)\n" +
+		"SELECT name, X'', fence, expires_at, acquired_at, instance, label FROM {table} AS h WHERE h.token <> X''"
+	migrateDoneSQL = "ALTER TABLE {table}\n" +
+		"  ADD COLUMN waiting BOOL NOT NULL DEFAULT 0 COMMENT 'an exclusive request that waits, not a holder'"
 
 	// extendSQL sets the lease of every (name, token) pair of the batch that still holds its
-	// name; {ttl} is one number of microseconds, or a CASE on name when the leases differ.
+	// name; {ttl} is one number of microseconds, or, when the leases differ, a CASE on name
+	// and token: a batch may hold a stale token of a name beside its live one, and the live
+	// lock must get its own lease. Waiters and kept windows are left alone.
 	// A row constructor IN list on the primary key is a range scan that locks only those
 	// rows, in key order. The number of rows changed is the number of leases extended.
 	extendSQL = "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND\n" +
-		"WHERE (name, owner) IN ({pairs}) AND expires_at > UTC_TIMESTAMP(6)"
+		"WHERE (name, token) IN ({pairs}) AND token <> X'' AND NOT waiting AND NOT kept AND expires_at > UTC_TIMESTAMP(6)"
 
-	// heldSQL reads which names of a batch are held, and by whom, when an Extend changed
-	// some of its rows but not all.
-	heldSQL = "SELECT name, owner FROM {table}\n" +
-		"WHERE name IN ({names}) AND expires_at > UTC_TIMESTAMP(6)"
+	// heldSQL reads which holds of a batch are live, when an Extend changed some of its rows
+	// but not all.
+	heldSQL = "SELECT name, token FROM {table}\n" +
+		"WHERE (name, token) IN ({pairs}) AND token <> X'' AND NOT waiting AND NOT kept AND expires_at > UTC_TIMESTAMP(6)"
 
-	// releaseSQL gives a name up if the token holds it: the row stays, with its fence, and
-	// no owner. {keep} is 0 for a plain release, so the name is free from now on (and
-	// expires_at says since when, for Reclaim); with a MinHold window left it is the rest of
-	// the window, during which no token can extend or release the lock.
-	releaseSQL = "UPDATE {table} SET owner = X'', expires_at = UTC_TIMESTAMP(6) + INTERVAL {keep} MICROSECOND\n" +
-		"WHERE name = {name} AND owner = {token} AND expires_at > UTC_TIMESTAMP(6)"
+	// The operations that change a name's holders or queue are one CALL each of the
+	// procedures below (procedures.go).
+	acquireSQL      = "CALL {acquire}({name}, {token}, {ttl}, {instance}, {label}, {value}, {shared}, {limit}, {wait}, {place})"
+	acquireAllSQL   = "CALL {acquire_all}('{reqs}')"
+	releaseSQL      = "CALL {release}({name}, {token}, {keep})"
+	forceReleaseSQL = "CALL {force_release}({name}, {fence})"
 
-	// forceReleaseSQL frees a name whoever holds it, keeping its fence.
-	forceReleaseSQL = "UPDATE {table} SET owner = X'', expires_at = UTC_TIMESTAMP(6)\n" +
-		"WHERE name = {name} AND expires_at > UTC_TIMESTAMP(6)"
+	// liveHolder selects the live holds of a name, of a row aliased c, for the name n.name.
+	liveHolder = "c.token <> X'' AND NOT c.waiting AND c.expires_at > UTC_TIMESTAMP(6)"
 
-	// infoColumns are what Inspect and List read of a row: whether it has no owner, the
-	// fence, the holder's metadata, when it was acquired (µs since the epoch) and the rest
-	// of its lease in µs (not positive when free).
-	infoColumns = "owner = X'', fence, instance, label,\n" +
-		"  TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', acquired_at),\n" +
-		"  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)"
+	// inspectSQL reads the name's newest live holder (by fence), how many hold and wait for
+	// it, and, for a free name, the last grant as the name's row keeps it. No row: a name
+	// never taken, or reclaimed.
+	inspectSQL = "SELECT h.token IS NOT NULL, COALESCE(h.kept, 0), COALESCE(h.fence, n.fence),\n" +
+		"  COALESCE(h.instance, n.instance), COALESCE(h.label, n.label), COALESCE(h.value, n.value), COALESCE(h.shared, 0),\n" +
+		"  TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', COALESCE(h.acquired_at, n.acquired_at)),\n" +
+		"  COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), 0),\n" +
+		"  (SELECT COUNT(*) FROM {table} AS c WHERE c.name = n.name AND " + liveHolder + "),\n" +
+		"  (SELECT COUNT(*) FROM {table} AS c WHERE c.name = n.name AND c.waiting AND c.expires_at > UTC_TIMESTAMP(6))\n" +
+		"FROM {table} AS n LEFT JOIN {table} AS h ON h.name = n.name AND h.fence = (\n" +
+		"  SELECT MAX(c.fence) FROM {table} AS c WHERE c.name = n.name AND " + liveHolder + ")\n" +
+		"  AND h.token <> X'' AND NOT h.waiting\n" +
+		"WHERE n.name = {name} AND n.token = X''"
 
-	inspectSQL = "SELECT " + infoColumns + "\nFROM {table} WHERE name = {name}"
+	// listSQL pages through the live holds of the names in [from, to) after the cursor (a
+	// name and a fence), in name and fence order, one row per holder.
+	listSQL = "SELECT c.name, c.kept, c.fence, c.instance, c.label, c.value, c.shared,\n" +
+		"  TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', c.acquired_at),\n" +
+		"  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), c.expires_at),\n" +
+		"  (SELECT COUNT(*) FROM {table} AS o WHERE o.name = c.name AND o.token <> X'' AND NOT o.waiting\n" +
+		"   AND o.expires_at > UTC_TIMESTAMP(6))\n" +
+		"FROM {table} AS c\n" +
+		"WHERE c.name >= {from} AND c.name < {to} AND (c.name > {cursor} OR c.name = {cursor} AND c.fence > {after})\n" +
+		"  AND " + liveHolder + "\n" +
+		"ORDER BY c.name, c.fence LIMIT {limit}"
 
-	// listSQL pages through the held names in [from, to) after cursor, in name order.
-	listSQL = "SELECT name, " + infoColumns + "\nFROM {table}\n" +
-		"WHERE name >= {from} AND name < {to} AND name > {cursor} AND expires_at > UTC_TIMESTAMP(6)\n" +
-		"ORDER BY name LIMIT {limit}"
-
-	// idleSQL finds names free since before {idle} ago, a page at a time, with a plain
-	// (non-locking) read; reclaimSQL deletes them by primary key, checking again under the
-	// row lock, so that it never deletes a row taken in between.
-	idleSQL = "SELECT name FROM {table}\n" +
-		"WHERE name > {cursor} AND expires_at < UTC_TIMESTAMP(6) - INTERVAL {idle} MICROSECOND\n" +
-		"ORDER BY name LIMIT {limit}"
+	// idleSQL finds the names free since before {idle} ago — their row's last lease or place
+	// ended that long ago, and none of their holders' or waiters' rows has been live since —
+	// a page at a time, with a plain (non-locking) read; reclaimDeadSQL deletes those names'
+	// dead rows, and reclaimSQL their names' rows, by primary key, checking again under the
+	// row lock, so that it never deletes a name taken in between (a grant, or a new waiter,
+	// moves the name's row's expires_at on).
+	idleSQL = "SELECT n.name FROM {table} AS n\n" +
+		"WHERE n.token = X'' AND n.name > {cursor} AND n.expires_at < UTC_TIMESTAMP(6) - INTERVAL {idle} MICROSECOND\n" +
+		"  AND NOT EXISTS (SELECT 1 FROM {table} AS o WHERE o.name = n.name AND o.token <> X''\n" +
+		"    AND o.expires_at >= UTC_TIMESTAMP(6) - INTERVAL {idle} MICROSECOND)\n" +
+		"ORDER BY n.name LIMIT {limit}"
+	reclaimDeadSQL = "DELETE FROM {table}\n" +
+		"WHERE name IN ({names}) AND token <> X'' AND expires_at < UTC_TIMESTAMP(6) - INTERVAL {idle} MICROSECOND"
 	reclaimSQL = "DELETE FROM {table}\n" +
-		"WHERE name IN ({names}) AND expires_at < UTC_TIMESTAMP(6) - INTERVAL {idle} MICROSECOND"
+		"WHERE name IN ({names}) AND token = X'' AND expires_at < UTC_TIMESTAMP(6) - INTERVAL {idle} MICROSECOND"
 
 	// nowMicros is the database's time in microseconds since the Unix epoch, in UTC.
 	nowMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 )
-
-// busyBit marks the acquire answer that carries a holder's remaining lease, not a fence.
-const busyBit = 1 << 63
-
-// decodeAcquire reads the answer of acquireSQL.
-func decodeAcquire(id int64) (fence uint64, remaining time.Duration, busy bool) {
-	v := uint64(id)
-	if v&busyBit != 0 {
-		return 0, time.Duration(v&^busyBit) * time.Microsecond, true
-	}
-	return v, 0, false
-}
 
 // fill returns the statement q with each {slot} replaced by its literal; slotsAndLiterals
 // alternates the two.
@@ -152,23 +168,15 @@ func bin(s string) string {
 // maxText is the length, in characters, of the VARCHAR columns (instance, label).
 const maxText = 255
 
-// text returns s as a utf8mb4 literal for a VARCHAR(255) column: invalid UTF-8 replaced and
-// cut to 255 characters, so that no sql_mode turns it into an error or a silent truncation
-// that differs between servers.
+// text returns s as a utf8mb4 literal for a VARCHAR(255) column: as text (display.Text: NUL
+// and invalid UTF-8 replaced) cut to 255 characters, so that no sql_mode turns it into an
+// error or a silent truncation that differs between servers.
 func text(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if utf8.RuneCountInString(s) > maxText {
-		n := 0
-		for i := range s {
-			if n == maxText {
-				s = s[:i]
-				break
-			}
-			n++
-		}
-	}
-	return "_utf8mb4 " + bin(s)
+	return "_utf8mb4 " + bin(textBytes(s))
 }
+
+// textBytes returns s as text prepares it.
+func textBytes(s string) string { return display.Cut(display.Text(s), maxText) }
 
 // micros returns d in whole microseconds, as SQL.
 func micros(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }

@@ -27,7 +27,7 @@ func TestQueryExecModes(t *testing.T) {
 			st, ctx := New(pool, WithTable(srv.table)), t.Context()
 			prefix := "mode:" + mode.String() + ":'\"\\%_{},é:"
 			name, tok := prefix+"x'); DROP TABLE x; --", rand.Text()
-			r := guard.Request{Name: name, Token: tok, TTL: time.Minute, Instance: "it's", Label: `a\b`}
+			r := guard.Request{Name: name, Token: tok, TTL: time.Minute, Instance: "it's", Label: `a\b`, Value: "v'$1"}
 			first, err := st.Acquire(ctx, r)
 			require.NoError(t, err)
 			again, err := st.Acquire(ctx, r)
@@ -43,7 +43,7 @@ func TestQueryExecModes(t *testing.T) {
 			info, err := st.Inspect(ctx, name)
 			require.NoError(t, err)
 			assert.Equal(t, guard.LockInfo{Name: name, Held: true, Fence: first, Instance: "it's", Label: `a\b`,
-				AcquiredAt: info.AcquiredAt, Remaining: info.Remaining}, info)
+				Value: "v'$1", Holders: 1, AcquiredAt: info.AcquiredAt, Remaining: info.Remaining}, info)
 			assert.Greater(t, info.Remaining, 59*time.Minute)
 			page, next, err := st.List(ctx, prefix, "", 10)
 			require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestQueryExecModes(t *testing.T) {
 			require.NoError(t, sub.Watch(ctx, name))
 			require.NoError(t, st.Release(ctx, name, tok, 0))
 			assert.Equal(t, guard.Notice{Name: name, Token: tok}, n.next(t))
-			require.ErrorIs(t, st.ForceRelease(ctx, name), guard.ErrNotHeld)
+			require.ErrorIs(t, st.ForceRelease(ctx, name, 0), guard.ErrNotHeld)
 		})
 	}
 }

@@ -2,8 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -28,19 +26,10 @@ const (
 	retryMax = time.Second
 )
 
-// channelOf returns the notification channel of table: "guard:" and the table's name, or,
-// when that is longer than an identifier may be (63 bytes), "guard:" and a hash of it.
-func channelOf(table string) string {
-	if ch := "guard:" + table; len(ch) <= 63 {
-		return ch
-	}
-	sum := sha256.Sum256([]byte(table))
-	return "guard:" + hex.EncodeToString(sum[:16])
-}
-
 // Subscribe opens a subscription to releases of the names it watches: one connection taken
 // from the pool for the subscription's life (hijacked: the pool neither counts nor closes
-// it), which LISTENs on the table's channel, read by one goroutine that calls notify for each
+// it), which LISTENs on the table's channel — named after the table as the database resolves
+// it (sql/channel.sql), so that stores that spell one table differently hear each other — read by one goroutine that calls notify for each
 // release of a watched name. Subscribe does no I/O: the goroutine connects in the background,
 // and Watch waits until it listens. If the connection breaks (or stops answering the pings
 // the reader sends when it has been silent for a while), the reader connects again with
@@ -73,6 +62,8 @@ type subscription struct {
 	cancel context.CancelFunc // stops the reader
 	done   chan struct{}      // closed when the reader has returned
 	pid    atomic.Uint32      // the listening backend's process id, for tests; 0 when none
+	// channel is the channel listened on; the reader's goroutine alone sets and reads it.
+	channel string
 
 	mu     sync.Mutex     // protects names, ready, away and closed
 	names  map[string]int // watch count per name
@@ -169,7 +160,8 @@ func (sub *subscription) run(ctx context.Context) {
 	}
 }
 
-// connect takes a connection out of the pool for good and LISTENs on it.
+// connect takes a connection out of the pool for good, asks for the table's channel and
+// LISTENs on it.
 func (sub *subscription) connect(ctx context.Context) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, sub.store.connectTimeout)
 	defer cancel()
@@ -178,7 +170,11 @@ func (sub *subscription) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, err
 	}
 	conn := pc.Hijack()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{sub.store.channel}.Sanitize()); err != nil {
+	err = conn.QueryRow(ctx, sub.store.sql.channel).Scan(&sub.channel)
+	if err == nil {
+		_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{sub.channel}.Sanitize())
+	}
+	if err != nil {
 		_ = conn.Close(context.Background())
 		return nil, err
 	}
@@ -234,19 +230,19 @@ func (sub *subscription) read(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
-// deliver calls notify for a release of a watched name.
+// deliver calls notify for a release, or a hand-over, of a watched name.
 func (sub *subscription) deliver(channel, payload string) {
-	if channel != sub.store.channel {
+	if channel != sub.channel {
 		return
 	}
-	name, token, ok := parsePayload(payload)
+	n, ok := parseNotice(payload)
 	if !ok {
 		return
 	}
 	sub.mu.Lock()
-	_, watched := sub.names[name]
+	_, watched := sub.names[n.Name]
 	sub.mu.Unlock()
 	if watched {
-		sub.notify(guard.Notice{Name: name, Token: token})
+		sub.notify(n)
 	}
 }

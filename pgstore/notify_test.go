@@ -95,7 +95,7 @@ func TestSubscription(t *testing.T) {
 		name := "sub:force:" + rand.Text()
 		_, n := subscribe(t, st, name)
 		take(t, other, name)
-		require.NoError(t, other.ForceRelease(ctx, name))
+		require.NoError(t, other.ForceRelease(ctx, name, 0))
 		assert.Equal(t, guard.Notice{Name: name}, n.next(t), "no Guard released it: the notice has no token")
 	})
 	t.Run("FailedReleaseIsSilent", func(t *testing.T) {

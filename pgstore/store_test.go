@@ -31,6 +31,13 @@ func TestNew(t *testing.T) {
 		{"Ops.Locks", "ops.locks"}, // folded, as SQL folds an unquoted name
 		{"_l$1", "_l$1"},
 		{strings.Repeat("a", 63), strings.Repeat("a", 63)},
+		{`"locks"`, "locks"}, // quoted as it would be folded: the same table
+		{`"Locks"`, `"Locks"`},
+		{`ops."Job locks"`, `ops."Job locks"`},
+		{`"Ops"."a.b"`, `"Ops"."a.b"`},
+		{`"say ""hi"""`, `"say ""hi"""`},
+		{`"x'; DROP TABLE users; --"`, `"x'; DROP TABLE users; --"`},
+		{`"` + strings.Repeat("é", 31) + `"`, `"` + strings.Repeat("é", 31) + `"`},
 	}
 	for _, tc := range valid {
 		t.Run("Valid/"+tc.in[:min(len(tc.in), 16)], func(t *testing.T) {
@@ -43,8 +50,13 @@ func TestNew(t *testing.T) {
 		"Empty":        "",
 		"Injection":    "locks; DROP TABLE users",
 		"Comment":      "locks--",
-		"Quoted":       `"locks"`,
 		"QuoteInside":  `lo"cks`,
+		"Unclosed":     `"locks`,
+		"AfterQuotes":  `"locks"x`,
+		"EmptyQuoted":  `""`,
+		"NULQuoted":    "\"lo\x00cks\"",
+		"LongQuoted":   `"` + strings.Repeat("é", 32) + `"`,
+		"ThreeQuoted":  `"a"."b"."c"`,
 		"Space":        "my locks",
 		"ThreeParts":   "db.ops.locks",
 		"EmptySchema":  ".locks",
@@ -97,7 +109,7 @@ func TestCreateTable(t *testing.T) {
 		fence, err := st.Acquire(ctx, guard.Request{Name: "n", Token: "t", TTL: time.Minute})
 		require.NoError(t, err)
 		var n int
-		require.NoError(t, srv.admin.QueryRow(ctx, "SELECT count(*) FROM "+schema+".locks WHERE fence = $1", fence).Scan(&n))
+		require.NoError(t, srv.admin.QueryRow(ctx, "SELECT count(*) FROM "+schema+".locks WHERE fence = $1 AND token <> ''", fence).Scan(&n))
 		assert.Equal(t, 1, n, "the lock is not in %s.locks", schema)
 	})
 	t.Run("MissingTable", func(t *testing.T) {

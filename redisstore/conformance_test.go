@@ -11,11 +11,11 @@ import (
 	"github.com/guardlock/guard/locktest"
 )
 
-// TestConformance runs the backend conformance suite on a single node and on a three-master
-// Cluster. Round trips are counted by the roundTrips hook: one per command or pipeline on a
+// TestConformance runs the backend conformance suite on a single node, a three-master Cluster
+// and a Sentinel-managed master. Round trips are counted by the roundTrips hook: one per command or pipeline on a
 // single node, one per node a pipeline reaches on a Cluster.
 func TestConformance(t *testing.T) {
-	for _, dep := range deployments[:2] { // Single, Cluster
+	for _, dep := range deployments[:3] { // Single, Cluster, Sentinel
 		t.Run(dep.name, func(t *testing.T) {
 			locktest.Run(t, dep.start(t).harness(t))
 		})

@@ -91,3 +91,34 @@ func TestFairQueue(t *testing.T) {
 	}
 	t.Logf("hand-overs between live waiters: %v", gaps)
 }
+
+// TestLastMillisecondIsBusy (issue 16, case 4): in a lease's last millisecond PTTL answers 0
+// while the key still exists. A busy answer must still say that the name is held — a positive
+// Remaining — and never read as "free, but others wait first", which sends the head waiter to
+// sleep for half its place in the queue.
+func TestLastMillisecondIsBusy(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	s := New(c)
+	name := uniqueName(t, "x")
+	ctx := t.Context()
+	zero := 0
+	for round := 0; round < 20 && zero == 0; round++ {
+		_, err := s.Acquire(ctx, guard.Request{Name: name, Token: "holder", TTL: 2 * time.Millisecond})
+		require.NoError(t, err)
+		for {
+			_, err := s.Acquire(ctx, guard.Request{Name: name, Token: "waiter", TTL: time.Second, Wait: true})
+			if err == nil {
+				break
+			}
+			var busy *guard.BusyError
+			require.ErrorAs(t, err, &busy)
+			if busy.Remaining <= 0 {
+				zero++
+			}
+		}
+		require.NoError(t, s.Release(ctx, name, "waiter", 0))
+	}
+	assert.Zero(t, zero, "busy answers with nothing left of a held lease")
+}

@@ -41,3 +41,13 @@ func guardOn(t *testing.T, addr string) *guard.Guard {
 	})
 	return g
 }
+
+// TestPausedAmongWaiters (issue 16, case 2): four processes of four goroutines contend for one
+// name; a process stopped while it holds the lock — its other goroutines queued behind it —
+// keeps the name from the others no longer than its watchdog timeout.
+func TestPausedAmongWaiters(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	holdertest.Contended(t, srv.Addr, New(client).Inspect, 5)
+}

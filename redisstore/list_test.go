@@ -157,3 +157,106 @@ func TestListSplitStep(t *testing.T) {
 	}
 	t.Logf("%d locks in %d pages, %d of them in the middle of a SCAN step", n, pages, splits)
 }
+
+// TestListSharedHolders lists names held by several shared holders each, with pages smaller
+// than a name's holders: no page holds more than its limit, and every holder comes once.
+func TestListSharedHolders(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	s := New(client)
+	ctx := t.Context()
+	want := map[string]bool{}
+	for i := range 6 {
+		name := fmt.Sprintf("holders/%d", i)
+		holders := 1 + 2*i // 1 to 11
+		for h := range holders {
+			f, err := s.Acquire(ctx, guard.Request{Name: name, Token: fmt.Sprint("tok", h), TTL: time.Minute,
+				Shared: true, Limit: 0})
+			require.NoError(t, err)
+			want[fmt.Sprint(name, "#", f)] = true
+		}
+	}
+	for i := range 5 {
+		name := fmt.Sprintf("holders/x%d", i)
+		f, err := s.Acquire(ctx, guard.Request{Name: name, Token: "tok", TTL: time.Minute})
+		require.NoError(t, err)
+		want[fmt.Sprint(name, "#", f)] = true
+	}
+	for _, limit := range []int{1, 3, 7, 100} {
+		t.Run(fmt.Sprint("limit=", limit), func(t *testing.T) {
+			seen := map[string]int{}
+			cursor, pages := "", 0
+			for {
+				page, next, err := s.List(ctx, "holders/", cursor, limit)
+				require.NoError(t, err)
+				require.LessOrEqual(t, len(page), limit, "page %d", pages)
+				for _, info := range page {
+					seen[fmt.Sprint(info.Name, "#", info.Fence)]++
+				}
+				pages++
+				if next == "" {
+					break
+				}
+				require.Less(t, pages, 1000, "paging does not end")
+				cursor = next
+			}
+			for k := range want {
+				assert.Equal(t, 1, seen[k], "%s listed %d times", k, seen[k])
+			}
+			assert.Len(t, seen, len(want))
+			t.Logf("%d holders in %d pages of %d", len(want), pages, limit)
+		})
+	}
+}
+
+// TestListSharedChanging releases and adds holders of a shared name between the pages of a
+// List whose pages split the name's holders: every holder held throughout is listed.
+func TestListSharedChanging(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	s := New(client)
+	ctx := t.Context()
+	const name = "changing"
+	fences := map[uint64]string{}
+	take := func(token string) {
+		f, err := s.Acquire(ctx, guard.Request{Name: name, Token: token, TTL: time.Minute, Shared: true})
+		require.NoError(t, err)
+		fences[f] = token
+	}
+	for i := range 12 {
+		take(fmt.Sprint("tok", i))
+	}
+	throughout := map[uint64]bool{}
+	for f := range fences {
+		throughout[f] = true
+	}
+	seen := map[uint64]int{}
+	cursor, pages := "", 0
+	for {
+		page, next, err := s.List(ctx, name, cursor, 3)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page), 3)
+		for _, info := range page {
+			seen[info.Fence]++
+		}
+		pages++
+		if next == "" {
+			break
+		}
+		require.Less(t, pages, 100, "paging does not end")
+		// One listed holder goes, a new one comes.
+		if len(page) > 0 {
+			f := page[0].Fence
+			require.NoError(t, s.Release(ctx, name, fences[f], 0))
+			delete(throughout, f)
+		}
+		take(fmt.Sprint("new", pages))
+		cursor = next
+	}
+	for f := range throughout {
+		assert.Equal(t, 1, seen[f], "holder %d listed %d times", f, seen[f])
+	}
+	t.Logf("%d pages", pages)
+}

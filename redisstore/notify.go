@@ -338,14 +338,22 @@ func (s *subscription) read() {
 }
 
 // notice reads a release's payload: the released token, or, after a hand-over,
-// "released\nnext\nfence" (see lock.lua).
+// "released\nnext\nfence\nlease\nattempt" (see lock.lua).
 func notice(name, payload string) guard.Notice {
 	token, rest, handed := strings.Cut(payload, "\n")
 	n := guard.Notice{Name: name, Token: token}
 	if handed {
-		next, fence, _ := strings.Cut(rest, "\n")
+		next, rest, _ := strings.Cut(rest, "\n")
+		fence, rest, _ := strings.Cut(rest, "\n")
+		lease, attempt, _ := strings.Cut(rest, "\n")
 		if f, err := strconv.ParseUint(fence, 10, 64); err == nil && next != "" {
 			n.Next, n.Fence = next, f
+			if ms, err := strconv.ParseInt(lease, 10, 64); err == nil && ms > 0 {
+				n.Lease = time.Duration(ms) * time.Millisecond
+			}
+			if a, err := strconv.Atoi(attempt); err == nil {
+				n.Attempt = a
+			}
 		}
 	}
 	return n

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/watchdog"
 )
 
 // DefaultPrefix is the prefix of every key and channel of a Store unless WithPrefix sets
@@ -46,6 +48,7 @@ func box[T comparable](p *atomic.Pointer[boxed], v T) any {
 var (
 	retentionArg any = millis(fenceRetention)
 	zeroArg      any = int64(0)
+	exclusiveArg any = int64(-1) // acquire.lua's ARGV[9] for an exclusive hold
 )
 
 // Sentinel errors. The errors of a Store wrap them, or return the driver's error.
@@ -63,15 +66,19 @@ var (
 	ErrNotReplicated = errors.New("redisstore: not acknowledged by enough replicas")
 )
 
-// The scripts, one per operation. acquire.lua and release.lua start with lock.lua, the
-// functions they share.
+// The scripts, one per operation. acquire.lua, acquire_all.lua, release.lua and force.lua
+// start with lock.lua, the functions they share.
 var (
 	//go:embed lock.lua
 	lockSrc string
 
 	//go:embed acquire.lua
 	acquireSrc    string
-	acquireScript = redis.NewScript(lockSrc + acquireSrc)
+	acquireScript = newScript(lockSrc + acquireSrc)
+
+	//go:embed acquire_all.lua
+	acquireAllSrc    string
+	acquireAllScript = redis.NewScript(lockSrc + acquireAllSrc)
 
 	//go:embed extend.lua
 	extendSrc    string
@@ -79,19 +86,23 @@ var (
 
 	//go:embed release.lua
 	releaseSrc    string
-	releaseScript = redis.NewScript(lockSrc + releaseSrc)
+	releaseScript = newScript(lockSrc + releaseSrc)
 
 	//go:embed inspect.lua
 	inspectSrc    string
 	inspectScript = redis.NewScript(inspectSrc)
+
+	//go:embed force.lua
+	forceSrc    string
+	forceScript = redis.NewScript(lockSrc + forceSrc)
 )
 
 // scripts are every script of a Store, for loading them ahead.
-var scripts = []*redis.Script{acquireScript, extendScript, releaseScript, inspectScript}
+var scripts = []*redis.Script{acquireScript.Script, acquireAllScript, extendScript, releaseScript.Script, inspectScript, forceScript}
 
-// Store is a guard.Backend, guard.Notifier and guard.Inspector on Redis. It is safe for
-// concurrent use. It does not own its client: closing the client is the caller's job, after
-// the Guard using the Store is closed.
+// Store is a guard.Backend, guard.Notifier, guard.Inspector, guard.Sharing and guard.Batcher
+// on Redis. It is safe for concurrent use. It does not own its client: closing the client is
+// the caller's job, after the Guard using the Store is closed.
 type Store struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // client, when it is a cluster client
@@ -100,13 +111,13 @@ type Store struct {
 	allowEviction bool
 	acks          int           // replicas that must acknowledge a write; 0: none
 	ackTimeout    time.Duration // how long WAIT waits for them
-	queueTimeout  time.Duration // how long a waiter keeps its place after its last request
-	placeArg      any           // queueTimeout in milliseconds, boxed once for acquire.lua
+	queueTimeout  time.Duration // how long a waiter keeps its place after its last request, at most
 
-	// The last instance, label and lease of an acquisition, boxed as script arguments: a
-	// Guard sends the same ones again and again, and boxing each anew would cost three
+	// The last instance, label, value, lease, place and limit of an acquisition, boxed as script
+	// arguments: a Guard sends the same ones again and again, and boxing each anew would cost
 	// allocations on the path of every lock.
-	instanceArg, labelArg, ttlArg atomic.Pointer[boxed]
+	instanceArg, labelArg, valueArg, ttlArg, placeArg, limitArg atomic.Pointer[boxed]
+	keyCache                                                    keyCache // the boxed keys of the names used last (call.go)
 
 	// checked is closed once the server's eviction policy has been found safe (or the
 	// check is off); checkMu serializes the checks until then.
@@ -128,7 +139,14 @@ var (
 	_ guard.Notifier    = (*Store)(nil)
 	_ guard.Inspector   = (*Store)(nil)
 	_ guard.Partitioned = (*Store)(nil)
+	_ guard.Sharing     = (*Store)(nil)
+	_ guard.Batcher     = (*Store)(nil)
 )
+
+// SharedLocks tells that a Store grants shared holds (guard.Sharing): semaphores' permits and
+// readers, kept beside the exclusive lock in keys of the same Cluster slot (see
+// docs/backends.md).
+func (*Store) SharedLocks() {}
 
 // Option configures a Store. Pass options to New, which validates them.
 type Option func(*options)
@@ -142,13 +160,14 @@ type options struct {
 }
 
 // DefaultQueueTimeout is how long a waiter keeps its place in a name's queue after its last
-// request, unless WithQueueTimeout says otherwise.
+// request, at most, unless WithQueueTimeout says otherwise.
 const DefaultQueueTimeout = 5 * time.Second
 
 // WithQueueTimeout sets how long a waiter keeps its place in a name's wait queue after its last
-// request. A waiting Guard asks again within half of it; a waiter that died (its process
-// crashed) holds up the names it waited for at most this long after their release. Default:
-// DefaultQueueTimeout (5 s). d must be at least 10 ms.
+// request, at most: never longer than the lease the waiter asked for (watchdog.Place), so that
+// a waiter whose process died or stopped holds up a name — by its place, or by the lease a
+// hand-over gives it — no longer than a holder that asked for that lease. A waiting Guard asks
+// again within half of its place. Default: DefaultQueueTimeout (5 s). d must be at least 10 ms.
 func WithQueueTimeout(d time.Duration) Option {
 	return func(o *options) { o.queueTimeout = d }
 }
@@ -207,12 +226,13 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{
 		client: client, prefix: o.prefix,
 		allowEviction: o.allowEviction, acks: o.acks, ackTimeout: o.ackTimeout,
-		queueTimeout: o.queueTimeout, placeArg: millis(o.queueTimeout),
-		checked:   make(chan struct{}),
-		subs:      make(map[*subscription]struct{}),
-		idleCheck: idleCheck, pongTimeout: pongTimeout,
+		queueTimeout: o.queueTimeout,
+		checked:      make(chan struct{}),
+		subs:         make(map[*subscription]struct{}),
+		idleCheck:    idleCheck, pongTimeout: pongTimeout,
 	}
 	s.cluster, _ = client.(*redis.ClusterClient)
+	s.keyCache.seed = maphash.MakeSeed()
 	if s.allowEviction {
 		close(s.checked)
 	}
@@ -224,6 +244,8 @@ const (
 	fenceSuffix   = ":fence"
 	queueSuffix   = ":queue"
 	waitersSuffix = ":waiters"
+	sharedSuffix  = ":shared"
+	holdersSuffix = ":holders"
 	channelSuffix = ":released"
 )
 
@@ -247,18 +269,19 @@ func (s *Store) lockKey(name string) string {
 }
 
 // keys returns the keys of name, in the order the scripts take them (lock.lua) — the lock,
-// its fence, its queue and its waiters — and, fifth, its release channel. They share one
-// string: two allocations in all, on the path of every lock.
+// its fence, its queue, its waiters, its shared holders and their data — and, seventh, its
+// release channel. They share one string: two allocations in all, on the path of every lock.
 func (s *Store) keys(name string) []string {
 	open := "{"
 	if strings.HasPrefix(name, "}") {
 		open = "{\x00" // see lockKey
 	}
 	n := len(s.prefix) + len(open) + len(name) + 1 // the lock key
-	suffixes := [...]string{"", fenceSuffix, queueSuffix, waitersSuffix, channelSuffix}
+	suffixes := [...]string{"", fenceSuffix, queueSuffix, waitersSuffix, sharedSuffix, holdersSuffix, channelSuffix}
 	var b strings.Builder
-	b.Grow(5*n + len(fenceSuffix) + len(queueSuffix) + len(waitersSuffix) + len(channelSuffix))
-	var ends [5]int
+	b.Grow(len(suffixes)*n + len(fenceSuffix) + len(queueSuffix) + len(waitersSuffix) +
+		len(sharedSuffix) + len(holdersSuffix) + len(channelSuffix))
+	var ends [len(suffixes)]int
 	for i, suffix := range suffixes {
 		b.WriteString(s.prefix)
 		b.WriteString(open)
@@ -268,7 +291,7 @@ func (s *Store) keys(name string) []string {
 		ends[i] = b.Len()
 	}
 	all := b.String()
-	keys := make([]string, 5)
+	keys := make([]string, len(suffixes))
 	from := 0
 	for i, end := range ends {
 		keys[i], from = all[from:end], end
@@ -292,6 +315,15 @@ func (s *Store) nameOfKey(key string) (string, bool) {
 	return strings.TrimPrefix(name, "\x00"), true
 }
 
+// nameOfHolders returns the lock name whose shared holders' data is at key.
+func (s *Store) nameOfHolders(key string) (string, bool) {
+	lock, ok := strings.CutSuffix(key, holdersSuffix)
+	if !ok {
+		return "", false
+	}
+	return s.nameOfKey(lock)
+}
+
 // nameOf returns the lock name whose release channel is ch.
 func (s *Store) nameOf(ch string) (string, bool) {
 	key, ok := strings.CutSuffix(ch, channelSuffix)
@@ -307,11 +339,14 @@ func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// Acquire makes one attempt to take r.Name for r.Token with a lease of r.TTL: one EVALSHA of
-// acquire.lua (with WAIT in the same round trip under WithReplicaAcks). It returns the fence, a
-// *guard.BusyError with what is left of the holder's lease (or MinHold window), or the
-// driver's error, ErrUnexpectedReply, ErrNotReplicated or ErrEvictingServer. The first call
-// checks the server's eviction policy first (one more round trip, once).
+// Acquire makes one attempt to take r.Name for r.Token with a lease of r.TTL — exclusive, or
+// shared among at most r.Limit holders when r.Shared (see guard.Request) — and keeps r.Value
+// with it: one EVALSHA of acquire.lua (with WAIT in the same round trip under
+// WithReplicaAcks). It returns the fence, a *guard.BusyError with how long the name stays
+// unavailable to r (the holder's lease, a MinHold window, the shared holders' leases, or the
+// place of a waiter ahead), or the driver's error, ErrUnexpectedReply, ErrNotReplicated or
+// ErrEvictingServer. The first call checks the server's eviction policy first (one more round
+// trip, once).
 func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if r.TTL <= 0 {
 		return 0, fmt.Errorf("redisstore: lease %v is not positive", r.TTL)
@@ -321,11 +356,12 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	}
 	place := zeroArg
 	if r.Wait {
-		place = s.placeArg
+		place = box(&s.placeArg, millis(watchdog.Place(s.queueTimeout, r.TTL)))
 	}
-	reply, err := s.run(ctx, acquireScript, r.Name, s.keys(r.Name)[:4],
+	args := append(evalArgs(acquireScript, s.keysOf(r.Name), 9),
 		r.Token, box(&s.ttlArg, millis(r.TTL)), box(&s.instanceArg, r.Instance), box(&s.labelArg, r.Label),
-		retentionArg, place)
+		retentionArg, place, r.Attempt, box(&s.valueArg, r.Value), s.limit(r))
+	reply, err := s.eval(ctx, acquireScript, r.Name, args)
 	if err != nil {
 		return 0, err
 	}
@@ -347,124 +383,13 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	return 0, fmt.Errorf("%w %v", ErrUnexpectedReply, reply)
 }
 
-// Extend sets the lease of each lock in leases that its token still holds: one EVALSHA of
-// extend.lua per lease, all sent in one pipeline (one round trip per Cluster node involved).
-// It returns one error per lease, in order: nil when extended, guard.ErrNotHeld when the name
-// is free or held by another token, or the driver's error.
-func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
-	errs := make([]error, len(leases))
-	if len(leases) == 0 {
-		return errs
+// limit returns acquire.lua's ARGV[9] for r: -1 for an exclusive hold, else the shared
+// holders' limit (0: none).
+func (s *Store) limit(r guard.Request) any {
+	if !r.Shared {
+		return exclusiveArg
 	}
-	if s.acks > 0 {
-		return s.extendAcked(ctx, leases)
-	}
-	cmds := make([]*redis.Cmd, len(leases))
-	s.pipeline(ctx, s.client, leases, cmds, false)
-	for i, l := range leases {
-		errs[i] = extendResult(l, cmds[i])
-	}
-	return errs
-}
-
-// extendAcked is Extend under WithReplicaAcks: one pipeline per master, each ending in WAIT.
-func (s *Store) extendAcked(ctx context.Context, leases []guard.Lease) []error {
-	errs := make([]error, len(leases))
-	byNode := make(map[redis.Cmdable][]int)
-	for i, l := range leases {
-		node, err := s.nodeFor(ctx, l.Name)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		byNode[node] = append(byNode[node], i)
-	}
-	var wg sync.WaitGroup
-	for node, at := range byNode {
-		wg.Go(func() {
-			part := make([]guard.Lease, len(at))
-			for j, i := range at {
-				part[j] = leases[i]
-			}
-			cmds := make([]*redis.Cmd, len(part))
-			waitErr := s.pipeline(ctx, node, part, cmds, true)
-			for j, i := range at {
-				errs[i] = extendResult(part[j], cmds[j])
-				if errs[i] == nil && waitErr != nil {
-					errs[i] = waitErr
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errs
-}
-
-// pipeline queues extend.lua for each lease (skipping leases whose TTL is not positive), and a
-// WAIT after them when wait is set, and sends them in one round trip; commands answered
-// NOSCRIPT are sent again with the script itself. It returns WAIT's verdict. Each command
-// carries its own reply or error: go-redis sets the error of every command that a failed
-// pipeline left without a reply.
-func (s *Store) pipeline(ctx context.Context, c redis.Cmdable, leases []guard.Lease, cmds []*redis.Cmd, wait bool) error {
-	send := func(useSHA bool, at []int) *redis.Cmd {
-		var w *redis.Cmd
-		_, _ = c.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for _, i := range at {
-				l := leases[i]
-				if l.TTL <= 0 {
-					continue
-				}
-				keys := s.keys(l.Name)[:2]
-				if useSHA {
-					cmds[i] = extendScript.EvalSha(ctx, pipe, keys, l.Token, millis(l.TTL), retentionArg)
-				} else {
-					cmds[i] = extendScript.Eval(ctx, pipe, keys, l.Token, millis(l.TTL), retentionArg)
-				}
-			}
-			if wait {
-				w = s.wait(ctx, pipe)
-			}
-			return nil
-		})
-		return w
-	}
-	all := make([]int, len(leases))
-	for i := range all {
-		all[i] = i
-	}
-	w := send(true, all)
-	// A server without the script (a restart, SCRIPT FLUSH) answers NOSCRIPT: send just
-	// those again with the script itself, which caches it there.
-	var retry []int
-	for i, c := range cmds {
-		if c != nil && isNoScript(c.Err()) {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		w = send(false, retry)
-	}
-	if wait {
-		return s.acked(w)
-	}
-	return nil
-}
-
-// extendResult turns the reply to one extend.lua into Extend's error for l.
-func extendResult(l guard.Lease, c *redis.Cmd) error {
-	if c == nil {
-		return fmt.Errorf("redisstore: lease %v is not positive", l.TTL)
-	}
-	if err := c.Err(); err != nil {
-		return err
-	}
-	switch c.Val() {
-	case int64(1):
-		return nil
-	case int64(0):
-		return guard.ErrNotHeld
-	}
-	return fmt.Errorf("%w %v", ErrUnexpectedReply, c.Val())
+	return box(&s.limitArg, int64(max(r.Limit, 0)))
 }
 
 // fenceOf reads a fence from a script's reply: an integer, or a string beyond 2^53.
@@ -484,31 +409,25 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// Release gives name up if token holds it: one EVALSHA of release.lua. With keep > 0 the
-// name stays taken for keep under no owner (under WithReplicaAcks, once replicas have it);
-// otherwise it goes to the first live waiter of its queue, whose Guard is told on the name's
-// channel, or is freed. The fence key is kept. A token that waits for name instead of holding
-// it leaves the queue. Release returns guard.ErrNotHeld when token does not hold name, or the
-// driver's error.
+// Release gives name up if token holds it, exclusively or shared: one EVALSHA of
+// release.lua. With keep > 0 the holder's place stays taken for keep under no owner (under
+// WithReplicaAcks, once replicas have it); otherwise what it frees goes to the first live
+// waiters of its queue that fit — one, or several shared ones — whose Guards are told on the
+// name's channel, one message each. The fence key is kept. A token that waits for name
+// instead of holding it leaves the queue. Release returns guard.ErrNotHeld when token does not
+// hold name, or the driver's error.
 func (s *Store) Release(ctx context.Context, name, token string, keep time.Duration) error {
 	return s.release(ctx, name, token, keep)
 }
 
-// release runs release.lua; token "" forces the release.
+// release runs release.lua.
 func (s *Store) release(ctx context.Context, name, token string, keep time.Duration) error {
-	var n any
-	var err error
-	keys := s.keys(name)
+	keys := s.keysOf(name)
 	keepArg := zeroArg
 	if keep > 0 {
 		keepArg = millis(keep)
 	}
-	args := []any{token, keepArg, keys[4], retentionArg}
-	if keep > 0 && s.acks > 0 {
-		n, err = s.runAcked(ctx, releaseScript, name, keys[:4], args...)
-	} else {
-		n, err = s.run(ctx, releaseScript, name, keys[:4], args...)
-	}
+	n, err := s.eval(ctx, releaseScript, name, append(evalArgs(releaseScript, keys, 4), token, keepArg, keys.channel, retentionArg))
 	if err != nil {
 		return err
 	}
@@ -521,16 +440,36 @@ func (s *Store) release(ctx context.Context, name, token string, keep time.Durat
 			return guard.ErrNotHeld
 		}
 	case []any:
-		if len(n) == 3 {
-			next, ok1 := n[1].(string)
-			fence, ok2 := fenceOf(n[2])
-			if ok1 && ok2 {
-				s.handedOver(guard.Notice{Name: name, Token: token, Next: next, Fence: fence})
-				return nil
+		if notices, ok := handOvers(name, token, n); ok {
+			for _, nt := range notices {
+				s.handedOver(nt)
 			}
+			return nil
 		}
 	}
 	return fmt.Errorf("%w %v", ErrUnexpectedReply, n)
+}
+
+// handOvers reads the reply {1, next, fence, lease, attempt, ...} of a release that handed
+// name to waiters (see hand_over in lock.lua): a Notice per waiter, with released as its
+// Token.
+func handOvers(name, released string, reply []any) ([]guard.Notice, bool) {
+	if len(reply) < 5 || (len(reply)-1)%4 != 0 || reply[0] != int64(1) {
+		return nil, false
+	}
+	notices := make([]guard.Notice, 0, (len(reply)-1)/4)
+	for i := 1; i < len(reply); i += 4 {
+		next, ok1 := reply[i].(string)
+		fence, ok2 := fenceOf(reply[i+1])
+		lease, ok3 := reply[i+2].(int64)
+		attempt, ok4 := reply[i+3].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			return nil, false
+		}
+		notices = append(notices, guard.Notice{Name: name, Token: released, Next: next, Fence: fence,
+			Lease: time.Duration(lease) * time.Millisecond, Attempt: int(attempt)})
+	}
+	return notices, true
 }
 
 // run runs script on the keys of name: EVALSHA, then EVAL if the server lacks the script. It
@@ -548,31 +487,16 @@ func (s *Store) runAcked(ctx context.Context, script *redis.Script, name string,
 	if err != nil {
 		return nil, err
 	}
-	for _, useSHA := range []bool{true, false} {
-		var c *redis.Cmd
-		var w *redis.Cmd
-		_, _ = node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			if useSHA {
-				c = script.EvalSha(ctx, pipe, keys, args...)
-			} else {
-				c = script.Eval(ctx, pipe, keys, args...)
-			}
-			w = s.wait(ctx, pipe)
-			return nil
-		})
-		if useSHA && isNoScript(c.Err()) {
-			continue
+	return s.pipeAcked(ctx, node, func(useSHA bool, pipe redis.Pipeliner) *redis.Cmd {
+		if useSHA {
+			return script.EvalSha(ctx, pipe, keys, args...)
 		}
-		if err := c.Err(); err != nil {
-			return nil, err
-		}
-		if err := s.acked(w); err != nil {
-			return nil, err
-		}
-		return c.Val(), nil
-	}
-	return nil, fmt.Errorf("%w: the script could not be loaded", ErrUnexpectedReply)
+		return script.Eval(ctx, pipe, keys, args...)
+	})
 }
+
+// errScriptNotLoaded reports a script the server still lacked after EVAL sent its source.
+var errScriptNotLoaded = fmt.Errorf("%w: the script could not be loaded", ErrUnexpectedReply)
 
 // wait queues WAIT for the replicas WithReplicaAcks asks for. (go-redis's Wait is not part of
 // its Pipeliner interface.)

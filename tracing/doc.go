@@ -18,7 +18,7 @@
 //     is a child of the caller's span and is recorded for every acquisition, whatever its
 //     outcome, not only for those that waited: the attributes say how it went (OutcomeKey,
 //     WaitKey, AttemptsKey, WakeupsKey, FenceKey when acquired, MaxWaitKey when bounded, and
-//     LabelKey, BackendKey, NameKey). Its status is Error only when the outcome is
+//     LabelKey, BackendKey, KindKey, PermitsKey for a permit, NameKey). Its status is Error only when the outcome is
 //     guard.OutcomeError (a backend failure, or a closed Guard). A busy lock, a wait that ran
 //     out and a wait that the caller cancelled are what a lock is for; they leave the status
 //     unset and show in the outcome attribute.
@@ -37,7 +37,8 @@
 //
 // # Metrics
 //
-// All metrics carry LabelKey (when a label was given) and BackendKey; never the lock name.
+// All metrics carry LabelKey (when a label was given), BackendKey and KindKey (PermitsKey too
+// for a semaphore's permits); never the lock name.
 //
 //   - guard.lock.wait.duration (histogram, s): how long each acquisition took, with OutcomeKey.
 //   - guard.lock.hold.duration (histogram, s): how long each lock was held, recorded at release.
@@ -46,6 +47,12 @@
 //   - guard.lock.losses (counter): locks lost or whose lease ran out, with ReasonKey.
 //   - guard.lock.held (up-down counter): locks held right now: up when granted, down when lost,
 //     when their lease ran out, or when released, whichever comes first.
+//   - guard.lock.permits.used (up-down counter): semaphore permits held right now, as held
+//     counts them, with PermitsKey: divide by it for a semaphore's use.
+//   - guard.lock.readers (up-down counter): read locks of read-write locks held right now.
+//   - guard.lock.writer.wait.duration (histogram, s): how long each write-lock acquisition
+//     took, with OutcomeKey: what readers cost a writer.
+//   - guard.lock.terms (counter): election terms begun on this instance.
 //
 // # Lock names
 //
@@ -56,4 +63,11 @@
 // correlates the spans of one name across instances; WithNames(NameDropped) leaves the name
 // out. A hash of a low-entropy value (an account number) can be reversed by trying every
 // value: when names hold data that must not reach the tracing backend, drop them.
+//
+// Under NameHashed and NameDropped the name is kept out of error text too: guard's errors
+// quote it (a failed acquire or release, a NameError), and so do some drivers', so the span
+// status, the exception events' messages and the error.message of events carry the error's
+// text with the name replaced by "#" and its hash, or by "#redacted" — wherever it stands
+// quoted, cut to a NameError's 64 characters, or bare between characters that are not letters
+// or digits. Metrics never carry names or error text.
 package tracing

@@ -33,6 +33,12 @@ const (
 	LabelKey = attribute.Key("guard.lock.label")
 	// BackendKey is the package of the Guard's backend: "memstore", "redisstore"…
 	BackendKey = attribute.Key("guard.lock.backend")
+	// KindKey is what an acquisition asks for and a lock holds, as guard.Kind.String() says:
+	// mutex, permit, read, write or term.
+	KindKey = attribute.Key("guard.lock.kind")
+	// PermitsKey is the number of permits of the Semaphore a permit belongs to; only with
+	// KindKey "permit".
+	PermitsKey = attribute.Key("guard.lock.permits")
 	// OutcomeKey is how an acquisition ended, as guard.Outcome.String() says: acquired, busy,
 	// timeout, canceled or error.
 	OutcomeKey = attribute.Key("guard.lock.outcome")
@@ -111,6 +117,10 @@ type Observer struct {
 	renewFailures metric.Int64Counter
 	losses        metric.Int64Counter
 	held          metric.Int64UpDownCounter
+	permitsUsed   metric.Int64UpDownCounter // the primitives': permits, readers, writers, terms
+	readers       metric.Int64UpDownCounter
+	writerWait    metric.Float64Histogram
+	terms         metric.Int64Counter
 
 	// kinds caches, per label and backend, what spans and metrics repeat on every call: span
 	// names and attribute sets. nkinds counts its entries, so that a caller who passes
@@ -173,6 +183,23 @@ func New(opts ...Option) *Observer {
 		metric.WithUnit("{lock}"),
 		metric.WithDescription("Locks held right now."))
 	handle(err)
+	o.permitsUsed, err = m.Int64UpDownCounter("guard.lock.permits.used",
+		metric.WithUnit("{permit}"),
+		metric.WithDescription("Semaphore permits held right now, by the semaphore's number of permits."))
+	handle(err)
+	o.readers, err = m.Int64UpDownCounter("guard.lock.readers",
+		metric.WithUnit("{reader}"),
+		metric.WithDescription("Read locks of read-write locks held right now."))
+	handle(err)
+	o.writerWait, err = m.Float64Histogram("guard.lock.writer.wait.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time from the start of a write-lock acquisition to its outcome."),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	handle(err)
+	o.terms, err = m.Int64Counter("guard.lock.terms",
+		metric.WithUnit("{term}"),
+		metric.WithDescription("Election terms begun: campaigns that made their instance the leader."))
+	handle(err)
 	return o
 }
 
@@ -193,15 +220,20 @@ func handle(err error) {
 }
 
 // kindKey identifies a kind.
-type kindKey struct{ label, backend string }
+type kindKey struct {
+	label, backend string
+	lock           guard.Kind
+	permits        int
+}
 
 // kind is what the spans and metrics of one label on one backend share. The option slices
 // are built once and passed with ..., so that recording a span or a measurement does not
 // allocate a new one each time.
 type kind struct {
 	acquireName, holdName, releaseName string
+	lock                               guard.Kind // what the locks hold
 
-	attrs     []attribute.KeyValue    // LabelKey (when set) and BackendKey
+	attrs     []attribute.KeyValue    // LabelKey (when set), BackendKey, KindKey, PermitsKey (for permits)
 	spanAttrs []trace.SpanStartOption // attrs, for starting a span
 
 	// Measurement options, as the instruments take them: attrs, plus OutcomeKey by
@@ -217,15 +249,18 @@ type kind struct {
 // outcomes is the number of guard.Outcome values.
 const outcomes = int(guard.OutcomeError) + 1
 
-func newKind(label, backend string) *kind {
-	k := &kind{acquireName: "guard.acquire", holdName: "guard.hold", releaseName: "guard.release"}
-	if label != "" {
-		k.acquireName += " " + label
-		k.holdName += " " + label
-		k.releaseName += " " + label
-		k.attrs = append(k.attrs, LabelKey.String(label))
+func newKind(key kindKey) *kind {
+	k := &kind{acquireName: "guard.acquire", holdName: "guard.hold", releaseName: "guard.release", lock: key.lock}
+	if key.label != "" {
+		k.acquireName += " " + key.label
+		k.holdName += " " + key.label
+		k.releaseName += " " + key.label
+		k.attrs = append(k.attrs, LabelKey.String(key.label))
 	}
-	k.attrs = append(k.attrs, BackendKey.String(backend))
+	k.attrs = append(k.attrs, BackendKey.String(key.backend), KindKey.String(key.lock.String()))
+	if key.lock == guard.KindPermit {
+		k.attrs = append(k.attrs, PermitsKey.Int(key.permits))
+	}
 	k.spanAttrs = []trace.SpanStartOption{trace.WithAttributes(k.attrs...)}
 	with := func(kv ...attribute.KeyValue) metric.MeasurementOption {
 		all := append(append(make([]attribute.KeyValue, 0, len(k.attrs)+len(kv)), k.attrs...), kv...)
@@ -242,13 +277,17 @@ func newKind(label, backend string) *kind {
 	return k
 }
 
-// kind returns the cached kind of label on backend.
-func (o *Observer) kind(label, backend string) *kind {
-	key := kindKey{label, backend}
+// kind returns the cached kind of the acquisitions like a: of its label, on its backend, of
+// its guard.Kind and permits.
+func (o *Observer) kind(a *guard.Acquisition) *kind {
+	key := kindKey{label: a.Label, backend: a.Backend, lock: a.Kind}
+	if a.Kind == guard.KindPermit {
+		key.permits = a.Permits
+	}
 	if v, ok := o.kinds.Load(key); ok {
 		return v.(*kind)
 	}
-	k := newKind(label, backend)
+	k := newKind(key)
 	if o.nkinds.Load() >= maxKinds {
 		return k
 	}
@@ -284,14 +323,14 @@ type holding struct {
 	// recorded tells whether the hold span records: it stops recording when it ends, at a
 	// loss, and the release that may follow still gets its span.
 	recorded bool
-	// counted is true while the lock counts in guard.lock.held; the first of loss, lease end
-	// and release takes it down.
+	// counted is true while the lock counts in guard.lock.held (and permits.used or readers);
+	// the first of loss, lease end and release takes it down.
 	counted atomic.Bool
 }
 
 // AcquireStart starts the acquire span as a child of the caller's span.
 func (o *Observer) AcquireStart(ctx context.Context, a *guard.Acquisition) context.Context {
-	k := o.kind(a.Label, a.Backend)
+	k := o.kind(a)
 	actx, span := o.tracer.Start(ctx, k.acquireName, k.spanAttrs[0], trace.WithTimestamp(a.Started))
 	if span.IsRecording() {
 		if kv, ok := o.nameAttr(a.Name); ok {
@@ -312,7 +351,7 @@ func (o *Observer) AcquireEnd(ctx context.Context, a *guard.Acquisition, l *guar
 	if !ok {
 		return ctx // not a context from AcquireStart: nothing of ours to end
 	}
-	k := o.kind(a.Label, a.Backend)
+	k := o.kind(a)
 	span := trace.SpanFromContext(ctx)
 	recorded := span.IsRecording() // before End, after which no span records
 	if recorded {
@@ -325,8 +364,9 @@ func (o *Observer) AcquireEnd(ctx context.Context, a *guard.Acquisition, l *guar
 			span.SetAttributes(FenceKey.Int64(fence(l)))
 		}
 		if a.Outcome == guard.OutcomeError && err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			msg := o.message(a.Name, err)
+			recordError(span, err, msg)
+			span.SetStatus(codes.Error, msg)
 		}
 		span.End(trace.WithTimestamp(a.Started.Add(a.Waited)))
 	} else {
@@ -336,6 +376,9 @@ func (o *Observer) AcquireEnd(ctx context.Context, a *guard.Acquisition, l *guar
 	i := outcomeIndex(a.Outcome)
 	o.waitTime.Record(ctx, a.Waited.Seconds(), k.outcomeWait[i]...)
 	o.acquisitions.Add(ctx, 1, k.outcome[i]...)
+	if a.Kind == guard.KindWrite {
+		o.writerWait.Record(ctx, a.Waited.Seconds(), k.outcomeWait[i]...)
+	}
 	if l == nil {
 		return ctx
 	}
@@ -362,8 +405,23 @@ func (o *Observer) AcquireEnd(ctx context.Context, a *guard.Acquisition, l *guar
 	}
 	h := &holding{k: k, span: hspan, recorded: hspan.IsRecording()}
 	h.counted.Store(true)
-	o.held.Add(ctx, 1, k.base...)
+	o.count(ctx, k, 1)
+	if k.lock == guard.KindTerm {
+		o.terms.Add(ctx, 1, k.base...)
+	}
 	return context.WithValue(hctx, holdKey{}, h)
+}
+
+// count adds n to the instruments that count the locks of k held: guard.lock.held, and
+// guard.lock.permits.used or guard.lock.readers for the primitives that have one.
+func (o *Observer) count(ctx context.Context, k *kind, n int64) {
+	o.held.Add(ctx, n, k.base...)
+	switch k.lock {
+	case guard.KindPermit:
+		o.permitsUsed.Add(ctx, n, k.base...)
+	case guard.KindRead:
+		o.readers.Add(ctx, n, k.base...)
+	}
 }
 
 // LockEvent adds renewals, failures, extensions and loss to the hold span as events, and at
@@ -385,7 +443,7 @@ func (o *Observer) LockEvent(l *guard.Lock, e guard.LockEvent) {
 		o.renewFailures.Add(ctx, 1, k.base...)
 		if h.span.IsRecording() {
 			h.span.AddEvent(eventName(e.Kind), trace.WithTimestamp(e.At),
-				trace.WithAttributes(ErrorKey.String(errText(e.Err)),
+				trace.WithAttributes(ErrorKey.String(o.errText(l, e.Err)),
 					DeadlineKey.String(e.Deadline.Format(time.RFC3339Nano))))
 		}
 	case guard.EventLost, guard.EventLeaseExpired:
@@ -395,12 +453,12 @@ func (o *Observer) LockEvent(l *guard.Lock, e guard.LockEvent) {
 		}
 		o.losses.Add(ctx, 1, opts...)
 		if h.counted.CompareAndSwap(true, false) {
-			o.held.Add(ctx, -1, k.base...)
+			o.count(ctx, k, -1)
 		}
 		// The lock is held no more: the hold span ends here, whether or not the work ever
 		// releases it.
 		if h.span.IsRecording() {
-			msg := errText(e.Err)
+			msg := o.errText(l, e.Err)
 			h.span.AddEvent(eventName(e.Kind), trace.WithTimestamp(e.At),
 				trace.WithAttributes(ErrorKey.String(msg)))
 			h.span.SetStatus(codes.Error, msg)
@@ -412,13 +470,14 @@ func (o *Observer) LockEvent(l *guard.Lock, e guard.LockEvent) {
 		start := e.At.Add(-e.Duration)
 		o.holdTime.Record(ctx, start.Sub(l.AcquiredAt()).Seconds(), k.baseRecord...)
 		if h.counted.CompareAndSwap(true, false) {
-			o.held.Add(ctx, -1, k.base...)
+			o.count(ctx, k, -1)
 		}
 		if h.recorded {
 			_, rspan := o.tracer.Start(ctx, k.releaseName, trace.WithTimestamp(start), k.spanAttrs[0])
 			if e.Err != nil {
-				rspan.RecordError(e.Err)
-				rspan.SetStatus(codes.Error, e.Err.Error())
+				msg := o.errText(l, e.Err)
+				recordError(rspan, e.Err, msg)
+				rspan.SetStatus(codes.Error, msg)
 			}
 			rspan.End(trace.WithTimestamp(e.At))
 			h.span.End(trace.WithTimestamp(e.At))
@@ -474,9 +533,10 @@ func eventName(k guard.EventKind) string {
 	return eventNames[k]
 }
 
-func errText(err error) string {
+// errText returns the text of err, an error about l, as the name policy says (message).
+func (o *Observer) errText(l *guard.Lock, err error) string {
 	if err == nil {
 		return ""
 	}
-	return err.Error()
+	return o.message(l.Name(), err)
 }

@@ -701,7 +701,9 @@ func TestAllocations(t *testing.T) {
 		tracing.WithMeterProvider(metricnoop.NewMeterProvider()))
 	with := measure(guard.WithObserver(obs))
 	t.Logf("allocations per Acquire+Release: %.0f without observer, %.0f with a no-op one", bare, with)
-	assert.LessOrEqual(t, with-bare, 7.0, "acquire: start time and its option list, span context, start key; lock: hold span context, holding and its key")
+	// Without an observer the Guard reuses an acquisition's state for the next call; an
+	// observer may keep the Acquisition it was shown, so with one that state is new each time.
+	assert.LessOrEqual(t, with-bare, 8.0, "acquire: its state (kept by the observer), start time and its option list, span context, start key; lock: hold span context, holding and its key")
 }
 
 // TestLostLockEndsItsHoldSpan: a lock lost and never released (issue 8) must not leave its
@@ -712,7 +714,7 @@ func TestLostLockEndsItsHoldSpan(t *testing.T) {
 	g := newGuard(t, store, tel.observer(), guard.WithWatchdogTimeout(60*time.Millisecond))
 	l, err := g.Acquire(t.Context(), "n")
 	require.NoError(t, err)
-	require.NoError(t, store.ForceRelease(t.Context(), "n"))
+	require.NoError(t, store.ForceRelease(t.Context(), "n", 0))
 	<-l.Done()
 	hold := tel.span(t, "guard.hold")
 	assert.Equal(t, codes.Error, hold.Status().Code)

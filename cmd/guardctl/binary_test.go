@@ -24,10 +24,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/zap"
 
 	"github.com/guardlock/guard"
+	"github.com/guardlock/guard/etcdstore"
 	"github.com/guardlock/guard/internal/testserver"
 	"github.com/guardlock/guard/mongostore"
 	"github.com/guardlock/guard/mysqlstore"
@@ -46,6 +49,9 @@ type fixture struct {
 	flags []string // more flags for the binary, before the command
 	// queues reports a backend that keeps a wait queue per name (LockInfo.Waiting).
 	queues bool
+	// noLastFence reports a backend that keeps nothing of a free name, not even its last
+	// fence (etcd, whose revisions are the fences).
+	noLastFence bool
 	// store returns a Store with a client of its own, closed when the test ends.
 	store func(t *testing.T) guard.Backend
 }
@@ -174,6 +180,27 @@ func startMariaDB(t *testing.T) fixture {
 	}
 }
 
+// startEtcd: a single member, under a prefix of the test's own (the URL's path), reached
+// through the member's proxy and directly: two endpoints.
+func startEtcd(t *testing.T) fixture {
+	c := testserver.StartEtcd(t)
+	const prefix = "ctl test/"
+	endpoints := []string{c.Members[0].Endpoint(), c.Members[0].Addr}
+	return fixture{
+		url: "etcd://" + strings.Join(endpoints, ",") + "/" + url.PathEscape(prefix), queues: true, noLastFence: true,
+		store: func(t *testing.T) guard.Backend {
+			client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+			require.NoError(t, err)
+			s := etcdstore.New(client, etcdstore.WithPrefix(prefix))
+			t.Cleanup(func() {
+				_ = s.Close()
+				_ = client.Close()
+			})
+			return s
+		},
+	}
+}
+
 var fixtures = []struct {
 	name  string
 	start func(t *testing.T) fixture
@@ -184,6 +211,7 @@ var fixtures = []struct {
 	{"mongodb", startMongo},
 	{"postgres", startPostgres},
 	{"mariadb", startMariaDB},
+	{"etcd", startEtcd},
 }
 
 // TestBinary runs the built command against every backend, on servers of its own, with
@@ -196,6 +224,7 @@ func TestBinary(t *testing.T) {
 			t.Run("list, show and release", func(t *testing.T) { testInspectRelease(t, fx) })
 			t.Run("watch", func(t *testing.T) { testWatch(t, fx) })
 			t.Run("watch -json", func(t *testing.T) { testWatchJSON(t, fx) })
+			t.Run("a wrong password", func(t *testing.T) { testWrongPassword(t, fx) })
 		})
 	}
 }
@@ -348,10 +377,15 @@ func testInspectRelease(t *testing.T, fx fixture) {
 
 	fields = parseFields(t, ok(t, fx.args("show", "ctl:a")...))
 	assert.Equal(t, "free", fields["STATE"])
-	assert.Equal(t, strconv.FormatUint(a.Fence(), 10), fields["LAST FENCE"])
 	free := decode[lockJSON](t, ok(t, fx.args("-json", "show", "ctl:a")...))
 	assert.False(t, free.Held)
-	assert.Equal(t, a.Fence(), free.Fence)
+	if fx.noLastFence {
+		assert.Equal(t, "unknown", fields["LAST FENCE"])
+		assert.Zero(t, free.Fence)
+	} else {
+		assert.Equal(t, strconv.FormatUint(a.Fence(), 10), fields["LAST FENCE"])
+		assert.Equal(t, a.Fence(), free.Fence)
+	}
 
 	g2 := fx.guard(t)
 	next := acquire(t, g2, "ctl:a")
@@ -612,6 +646,9 @@ func TestBinaryErrors(t *testing.T) {
 		{"postgres silent", []string{"-backend", "postgres://u@" + quiet + "/db?sslmode=disable", "show", "x"}, 1, "timeout"},
 		{"mysql refused", []string{"-backend", "mysql://u@" + refused + "/db", "-yes", "release", "x"}, 1, "connection refused"},
 		{"mysql silent", []string{"-backend", "mysql://u@" + quiet + "/db", "list"}, 1, "no answer within 1s"},
+		{"etcd refused", []string{"-backend", "etcd://" + refused + "/app/", "show", "x"}, 1, "connection refused"},
+		{"etcd silent", []string{"-backend", "etcd://" + quiet, "list"}, 1, "no answer within 1s"},
+		{"etcd -prefix", []string{"-backend", "etcd://" + refused, "-prefix", "app/", "list"}, 2, "etcd://host:2379/PREFIX"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -623,4 +660,20 @@ func TestBinaryErrors(t *testing.T) {
 			assert.Less(t, r.took, timeout+5*time.Second, "bounded by -timeout (and the binary's start)")
 		})
 	}
+}
+
+// testWrongPassword runs list on the backend with a password of its own, which the server
+// refuses or ignores: nothing the drivers and the stores say of it, on a real server, may
+// show it.
+func testWrongPassword(t *testing.T, fx fixture) {
+	c, err := splitURL(fx.url)
+	require.NoError(t, err)
+	const pw = "Zq-wrong#/@:% pw"
+	c.password, c.hasPassword, c.hasUser = pw, true, true
+	if c.user == "" {
+		c.user = "ops"
+	}
+	r := ctl(t, nil, append([]string{"-timeout", "2s", "-backend", c.render(false)}, append(fx.flags, "list")...)...)
+	t.Logf("exit %d: %s", r.code, r.stderr)
+	assertNoSecret(t, r.stdout+r.stderr, pw)
 }

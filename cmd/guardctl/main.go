@@ -56,7 +56,14 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 // failure is one line on stderr. Cancelling ctx (an interrupt) ends watch with status 0 and
 // makes any other subcommand fail.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var c cli
+	return runWith(ctx, func(ctx context.Context, b *backend) (guard.Inspector, func(), error) { return b.open(ctx) },
+		args, stdin, stdout, stderr)
+}
+
+// runWith is run with open as the function that connects to the backend: tests give one that
+// returns a store of their own.
+func runWith(ctx context.Context, open opener, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := cli{open: open}
 	fs := c.flags()
 	err := c.run(ctx, fs, args, stdin, stdout, stderr)
 	switch {
@@ -66,7 +73,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprint(stdout, usage(fs))
 		return 0
 	}
-	msg := strings.Join(strings.Fields(err.Error()), " ") // one line, whatever a driver says
+	msg := c.message(err)
 	if u := (usageError{}); errors.As(err, &u) {
 		fmt.Fprintf(stderr, "guardctl: %s (guardctl -h for usage)\n", msg)
 		return 2
@@ -78,25 +85,39 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // cli is one run of the command: its flags, its streams and the store it inspects.
 type cli struct {
 	backendURL, prefix string
-	json, yes          bool
+	json, yes, force   bool
 	interval, timeout  time.Duration
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	loc            *time.Location // for the times printed
 
+	open    opener // connects to backend
 	backend *backend
 	store   guard.Inspector
 }
+
+// message returns err as guardctl prints it: on one line, whatever a driver says. It holds no
+// secret: guardctl names the backend by its URL with the secrets hidden (backend.url), and
+// gives a driver's parse error only for that URL (backend.driverParse).
+func (c *cli) message(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// opener connects to a parsed backend and returns its store, and a function that closes what
+// it opened.
+type opener func(ctx context.Context, b *backend) (guard.Inspector, func(), error)
 
 // flags returns the command's flag set, bound to c.
 func (c *cli) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("guardctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // run reports a bad flag in its own one line
-	fs.StringVar(&c.backendURL, "backend", os.Getenv(backendEnv), "the backend's `URL` (default $"+backendEnv+")")
+	// No default from the environment here: -h would print it, password and all.
+	fs.StringVar(&c.backendURL, "backend", "", "the backend's `URL` or DSN (default $"+backendEnv+")")
 	fs.StringVar(&c.prefix, "prefix", "", "the Redis key `prefix` of the store (redisstore.WithPrefix; default \"guard:\")")
 	fs.BoolVar(&c.json, "json", false, "print JSON: an array for list, an object for show and release, an array per line for watch")
 	fs.BoolVar(&c.yes, "yes", false, "release without asking for confirmation")
+	fs.BoolVar(&c.force, "force", false, "release whoever holds the name when the release reaches the backend, not only the holder shown (exit status 1 when that is another)")
 	fs.DurationVar(&c.interval, "interval", defaultInterval, "how often watch refreshes")
 	fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "how long one request to the backend may take, connecting included")
 	return fs
@@ -115,12 +136,13 @@ Inspect and force-release the locks of a guard backend.
 commands:
   list [prefix]   the held locks whose names start with prefix (all without one)
   show NAME       one lock: its holder, or "free" with its last fence
-  release NAME    free NAME whoever holds it (asks first unless -yes)
+  release NAME    free NAME if it is still held by the holder shown (asks first unless
+                  -yes); with -force, whoever holds it
   watch [prefix]  list again every -interval until interrupted
 
 flags (before the command):
 ` + flags.String() + `
-` + urlForms + `
+` + urlForms() + `
 
 exit status: 0 done, 1 failed (backend unreachable, name not held, …), 2 bad command line.
 `
@@ -129,6 +151,9 @@ exit status: 0 done, 1 failed (backend unreachable, name not held, …), 2 bad c
 // run parses args and runs the subcommand they name.
 func (c *cli) run(ctx context.Context, fs *flag.FlagSet, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	c.stdin, c.stdout, c.stderr, c.loc = stdin, stdout, stderr, time.Local
+	if err := checkArgs(fs, args); err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -140,7 +165,11 @@ func (c *cli) run(ctx context.Context, fs *flag.FlagSet, args []string, stdin io
 		return usagef("no command: list, show, release or watch")
 	}
 	cmd, args := args[0], args[1:]
-	for _, a := range args {
+	for i, a := range args {
+		if a == "--" { // the end of the flags: the rest are names, even those that start with '-'
+			args = slices.Delete(args, i, i+1)
+			break
+		}
 		if !strings.HasPrefix(a, "-") {
 			continue
 		}
@@ -149,7 +178,8 @@ func (c *cli) run(ctx context.Context, fs *flag.FlagSet, args []string, stdin io
 		case name == "h" || name == "help":
 			return flag.ErrHelp
 		case fs.Lookup(name) != nil:
-			return usagef("flags go before the command: guardctl %s %s …", a, cmd)
+			return usagef("flags go before the command: guardctl %s %s … (a name that starts with '-' goes after --: guardctl %s -- %s)",
+				a, cmd, cmd, a)
 		}
 	}
 	var want string // the arguments cmd takes, for its usage error
@@ -180,11 +210,14 @@ func (c *cli) run(ctx context.Context, fs *flag.FlagSet, args []string, stdin io
 			prefix = &c.prefix
 		}
 	})
+	if c.backendURL == "" {
+		c.backendURL = os.Getenv(backendEnv)
+	}
 	var err error
 	if c.backend, err = parseBackend(c.backendURL, prefix, c.timeout); err != nil {
 		return err
 	}
-	store, closeStore, err := c.backend.open(ctx)
+	store, closeStore, err := c.open(ctx, c.backend)
 	if err != nil {
 		return err
 	}
@@ -207,6 +240,75 @@ func (c *cli) run(ctx context.Context, fs *flag.FlagSet, args []string, stdin io
 	}
 }
 
+// checkArgs refuses a command line that holds a backend URL or DSN with a secret anywhere but
+// as the value of -backend: in the wrong place — a flag's value, the command, a lock name, or
+// after a mistyped flag — the usage errors of the flag package and of the command would quote
+// it as it is. The message shows it with its secrets hidden. The arguments after the
+// command's "--" are names, taken as they are.
+func checkArgs(fs *flag.FlagSet, args []string) error {
+	flags := true // still before the command
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			if !flags {
+				return nil
+			}
+			flags = false
+			continue
+		}
+		trimmed := strings.TrimLeft(a, "-")
+		name, value, hasValue := strings.Cut(trimmed, "=")
+		if flags && len(a) > 1 && a[0] == '-' {
+			f := fs.Lookup(name)
+			takesNext := !hasValue && f != nil && !isBoolFlag(f)
+			switch {
+			case name == "backend" && takesNext:
+				i++ // its value: where a backend belongs
+				continue
+			case name == "backend":
+				continue
+			case takesNext && i+1 < len(args):
+				i++
+				if err := slip(args[i], i+1); err != nil {
+					return err
+				}
+			}
+		} else {
+			flags = false
+		}
+		for _, s := range []string{a, trimmed, value} {
+			if err := slip(s, i+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// slip returns a usage error when arg, the n-th argument, is a backend URL or DSN that holds
+// a secret, or one that guardctl cannot take apart.
+func slip(arg string, n int) error {
+	f := formOf(arg)
+	if f == nil {
+		return nil
+	}
+	shown := f.label(arg)
+	if c, err := f.split(arg); err == nil {
+		if !c.secrets() {
+			return nil
+		}
+		shown = c.render(true)
+	}
+	return usagef("argument %d is a backend URL or DSN with a password (%s): give it as the value of -backend, "+
+		"before the command, or in $%s (a lock name that looks like one goes after --)", n, shown, backendEnv)
+}
+
+// isBoolFlag reports whether f is a boolean flag, which takes no separate value.
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
 // call runs one request to the backend under -timeout, and says in its error which operation
 // failed and on which backend.
 func (c *cli) call(ctx context.Context, op string, f func(context.Context) error) error {
@@ -217,7 +319,7 @@ func (c *cli) call(ctx context.Context, op string, f func(context.Context) error
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, guard.ErrNotHeld):
+	case errors.Is(err, guard.ErrNotHeld), errors.Is(err, guard.ErrChangedHands):
 		return fmt.Errorf("%s: %w", op, err)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: interrupted: %w", op, ctx.Err())
@@ -321,9 +423,15 @@ func (c *cli) show(ctx context.Context, name string) error {
 }
 
 // release force-releases name. It inspects name first: to refuse a free name, to show the
-// operator what they are about to break, and to print what it broke. After a confirmation it
-// inspects again, and refuses when the name changed hands while the operator read the
-// question (its fence moved on).
+// operator what they are about to break, and to print what it broke. It then releases that
+// lock and no other: the store frees the name only while it is held with the fence shown, in
+// one atomic step, so that a lock taken meanwhile — while the operator read the question, or
+// between the look and the release — survives, and release says what holds the name now.
+//
+// With -force a name that changed hands is freed all the same: release looks again and frees
+// the holder it finds, again by its fence, so that it can say which lock it broke; it prints
+// that lock, and exits 1 because it was not the one shown. A shared name shown with several
+// holders loses all of them (ForceRelease with fence 0).
 func (c *cli) release(ctx context.Context, name string) error {
 	op := "release " + text(name)
 	info, err := c.inspect(ctx, "release", name)
@@ -346,28 +454,78 @@ func (c *cli) release(ctx context.Context, name string) error {
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			return fmt.Errorf("%s: not released", op)
 		}
-		again, err := c.inspect(ctx, "release", name)
-		if err != nil {
+	}
+	if c.force && info.Holders > 1 {
+		if err := c.forceRelease(ctx, op, name, 0); err != nil {
 			return err
 		}
-		switch {
-		case !again.Held:
-			return fmt.Errorf("%s: %w (it was freed while you answered)", op, guard.ErrNotHeld)
-		case again.Fence != info.Fence:
-			return fmt.Errorf("%s: not released: it changed hands while you answered (fence %d, now %d); run release again",
-				op, info.Fence, again.Fence)
-		}
-		info = again
+		return c.released(info, fmt.Sprintf("released every holder of %s (-force; %d were shown, the newest %s)",
+			text(name), info.Holders, holder(info)))
 	}
-	err = c.call(ctx, op, func(ctx context.Context) error { return c.store.ForceRelease(ctx, name) })
-	if err != nil {
+	err = c.call(ctx, op, func(ctx context.Context) error { return c.store.ForceRelease(ctx, name, info.Fence) })
+	if !c.force || !errors.Is(err, guard.ErrChangedHands) {
+		if err = c.refused(ctx, op, err); err != nil {
+			return err
+		}
+		return c.released(info, "released "+describe(info))
+	}
+	// -force: free the holder found instead, and say it was not the one shown.
+	now, err := c.inspect(ctx, "release", name)
+	switch {
+	case err != nil:
+		return err
+	case !now.Held:
+		return fmt.Errorf("%s: %w (it was freed after it was shown)", op, guard.ErrNotHeld)
+	}
+	if err := c.forceRelease(ctx, op, name, now.Fence); err != nil {
 		return err
 	}
+	if err := c.released(now, "released "+describe(now)); err != nil {
+		return err
+	}
+	return fmt.Errorf("%s: the lock shown (fence %d) changed hands before the release; -force released the holder found instead: %s",
+		op, info.Fence, holder(now))
+}
+
+// forceRelease frees name if it is held with fence (any fence for 0), and turns the store's
+// refusals into release's errors (see refused).
+func (c *cli) forceRelease(ctx context.Context, op, name string, fence uint64) error {
+	err := c.call(ctx, op, func(ctx context.Context) error { return c.store.ForceRelease(ctx, name, fence) })
+	return c.refused(ctx, op, err)
+}
+
+// refused turns the error of a ForceRelease into release's: a name freed meanwhile, or one that
+// changed hands, said as such.
+func (c *cli) refused(ctx context.Context, op string, err error) error {
+	var changed *guard.ChangedHandsError
+	switch {
+	case errors.As(err, &changed):
+		return c.changedHands(ctx, op, changed)
+	case errors.Is(err, guard.ErrNotHeld):
+		return fmt.Errorf("%w (it was freed after it was shown)", err)
+	}
+	return err
+}
+
+// released prints the lock that release freed: its JSON object with -json, else line.
+func (c *cli) released(info guard.LockInfo, line string) error {
 	if c.json {
 		return writeJSON(c.stdout, toJSON(info))
 	}
-	_, err = fmt.Fprintf(c.stdout, "released %s\n", describe(info))
+	_, err := fmt.Fprintln(c.stdout, line)
 	return err
+}
+
+// changedHands is release's error when the name changed hands after it was shown: it says the
+// fence shown and the one found, and who holds the name now when a look at it still finds that
+// fence.
+func (c *cli) changedHands(ctx context.Context, op string, changed *guard.ChangedHandsError) error {
+	now := fmt.Sprintf("fence %d holds it", changed.Found)
+	if info, err := c.inspect(ctx, "release", changed.Name); err == nil && info.Held && info.Fence == changed.Found {
+		now = holder(info)
+	}
+	return fmt.Errorf("%s: not released: it changed hands after it was shown with fence %d; now %s; "+
+		"run release again to release the new holder", op, changed.Fence, now)
 }
 
 // readLine reads one line from r, or returns ctx's error when ctx ends first. The read then
@@ -410,7 +568,7 @@ func (c *cli) watch(ctx context.Context, prefix string) error {
 		case err != nil && first:
 			return err
 		case err != nil:
-			fmt.Fprintf(c.stderr, "guardctl: %s (still watching)\n", strings.Join(strings.Fields(err.Error()), " "))
+			fmt.Fprintf(c.stderr, "guardctl: %s (still watching)\n", c.message(err))
 		default:
 			var frame bytes.Buffer
 			if !c.json {

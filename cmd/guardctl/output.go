@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/guardlock/guard"
 )
@@ -113,14 +114,17 @@ func writeLock(w io.Writer, l guard.LockInfo, now time.Time, loc *time.Location)
 	return tw.Flush()
 }
 
-// describe says in one line who holds l, for the confirmation of a release and its report.
-func describe(l guard.LockInfo) string {
+// describe says in one line which lock l is and who holds it, for the confirmation of a
+// release and its report.
+func describe(l guard.LockInfo) string { return text(l.Name) + ", " + holder(l) }
+
+// holder says in a few words who holds l: "held by worker-1 (label job), fence 7, 20s left".
+func holder(l guard.LockInfo) string {
 	var b strings.Builder
-	b.WriteString(text(l.Name))
 	if l.Kept {
-		b.WriteString(", kept for its MinHold window")
+		b.WriteString("kept for its MinHold window")
 	} else {
-		fmt.Fprintf(&b, ", held by %s", text(l.Instance))
+		fmt.Fprintf(&b, "held by %s", text(l.Instance))
 	}
 	if l.Label != "" {
 		fmt.Fprintf(&b, " (label %s)", text(l.Label))
@@ -133,12 +137,13 @@ func describe(l guard.LockInfo) string {
 }
 
 // text returns s for a table cell: "-" when empty, quoted when it holds a byte that would
-// break the layout or the terminal (a tab, a newline, an escape sequence).
+// break the layout or the terminal (a tab, a newline, an escape sequence) or is not UTF-8
+// (0xff is tabwriter's escape, which would swallow the cells after it).
 func text(s string) string {
 	if s == "" {
 		return "-"
 	}
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+	if !utf8.ValidString(s) || strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
 		return strconv.Quote(s)
 	}
 	return s

@@ -121,8 +121,9 @@ func TestBinaryConfirm(t *testing.T) {
 		})
 		assert.Equal(t, 1, code)
 		assert.Empty(t, stdout)
-		assert.Contains(t, stderr, fmt.Sprintf("guardctl: release confirm:moved: not released: it changed hands while you answered (fence %d, now %d); run release again\n",
-			first.Fence(), second.Fence()))
+		assert.Contains(t, stderr, fmt.Sprintf("guardctl: release confirm:moved: not released: it changed hands after it was shown with fence %d; "+
+			"now held by test-instance, fence %d, ", first.Fence(), second.Fence()))
+		assert.True(t, strings.HasSuffix(stderr, " left; run release again to release the new holder\n"), stderr)
 		require.NoError(t, second.Err(), "the new holder keeps its lock")
 	})
 }

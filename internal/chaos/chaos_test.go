@@ -16,9 +16,12 @@ import (
 )
 
 var (
-	seedFlag     = flag.Uint64("chaos.seed", 0, "seed of the chaos run (0: random, or $"+seedEnv+"); printed by every run to replay it")
-	durationFlag = flag.Duration("chaos.duration", 20*time.Second, "how long faults are injected into each backend")
-	workersFlag  = flag.Int("chaos.workers", 4, "worker processes per backend (at least 4)")
+	seedFlag      = flag.Uint64("chaos.seed", 0, "seed of the chaos run (0: random, or $"+seedEnv+"); printed by every run to replay it")
+	durationFlag  = flag.Duration("chaos.duration", 30*time.Second, "how long faults are injected into each backend, at least")
+	minAcqsFlag   = flag.Int("chaos.acquisitions", 5000, "the run goes on (up to five times -chaos.duration) until it has seen this many grants")
+	minFaultsFlag = flag.Int("chaos.faults", 20, "…and injected this many faults")
+	workersFlag   = flag.Int("chaos.workers", 4, "worker processes per backend (at least 4)")
+	loopsFlag     = flag.Int("chaos.loops", 4, "goroutines contending in each worker process")
 )
 
 // seedEnv gives the seed when -chaos.seed does not (for go test ./... runs).
@@ -51,7 +54,8 @@ func TestChaos(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			target := b.start(t)
 			r := chaos.Run(t, target, chaos.Options{
-				Seed: seed, Duration: *durationFlag, Workers: *workersFlag,
+				Seed: seed, Duration: *durationFlag, Workers: *workersFlag, Loops: *loopsFlag,
+				MinAcquisitions: *minAcqsFlag, MinFaults: *minFaultsFlag, MaxDuration: 5 * *durationFlag,
 			})
 			summaries = append(summaries, r.Summary())
 			t.Log(r.Summary())
@@ -83,6 +87,25 @@ func TestChaosCatchesABrokenLock(t *testing.T) {
 	assert.Positive(t, r.Outlived)
 	assert.True(t, strings.HasPrefix(r.Linearizable, "illegal"), "linearizable: %s", r.Linearizable)
 	assert.Zero(t, r.StaleAccepted, "the resource's fence check still holds")
+	assert.Empty(t, r.Problems, "the harness itself must work")
+}
+
+// TestChaosCatchesABrokenSemaphore runs the harness with workers that take permits of a
+// semaphore of three while the check expects two, with no fault injected: the permit check
+// must find three permits live at once.
+func TestChaosCatchesABrokenSemaphore(t *testing.T) {
+	seed := chaosSeed(t)
+	target := chaos.StartRedis(t)
+	target.Conn.Sabotage = "permits"
+	r := chaos.Run(t, target, chaos.Options{
+		Seed: seed, Duration: 4 * time.Second, NoFaults: true,
+	})
+	t.Log(r.Summary())
+	assert.True(t, r.Failed(), "three permits of a semaphore of two passed the checks")
+	assert.Positive(t, r.PermitExcess)
+	assert.Equal(t, 3, r.MaxPermitHolders)
+	assert.Zero(t, r.Overlaps, "the mutex is not broken")
+	assert.Zero(t, r.RWOverlaps, "nor the read-write lock")
 	assert.Empty(t, r.Problems, "the harness itself must work")
 }
 

@@ -49,6 +49,23 @@ type Report struct {
 	// counting stopped or killed workers): how late the watchdog fired on this machine.
 	MaxCancelLag time.Duration
 
+	// Primitives (Semaphore, RWMutex), besides the mutex: grants, and acquire calls by
+	// primitive and outcome ("permit granted", "read timeout"…).
+	PrimGrants int
+	PrimCalls  map[string]int
+	// Property 5: at each permit's grant, the live permits of the semaphore, that one
+	// included, must be no more than History.Permits. PermitChecks is how many grants were
+	// judged, MaxPermitHolders the most live at once, PermitExcess the grants above the limit.
+	PermitChecks, MaxPermitHolders, PermitExcess int
+	// Property 6: pairs of read-write holds whose windows intersect with a writer in them.
+	RWChecks, RWOverlaps int
+	// Property 7: grants of a primitive's name whose fence is not above the fence of every
+	// grant of that name that returned before their call began.
+	FenceDisorders int
+	// PrimDataLoss are the excesses and overlaps of properties 5 and 6 excused by a restart
+	// that lost the server's data, as DataLossOverlaps are.
+	PrimDataLoss int
+
 	// Violations explain each failure, with history excerpts. Problems are defects of the
 	// harness itself (a lost line, a write the Resource judged wrongly): they fail too.
 	Violations []string
@@ -66,17 +83,21 @@ func (r *Report) Failed() bool { return len(r.Violations) > 0 || len(r.Problems)
 func (r *Report) Summary() string {
 	return fmt.Sprintf("%s: %d acquisitions (%d calls), %d faults %s, overlaps %d (+%d after data loss), "+
 		"stale writes accepted %d / rejected %d (of %d accepted; late %d), outlived leases %d, "+
-		"linearizable: %s, max cancel lag %v, seed %d",
+		"linearizable: %s, max cancel lag %v; primitives: %d grants, permits above the limit %d "+
+		"(%d grants checked, at most %d live), read-write overlaps %d (%d writer grants checked), "+
+		"fence disorders %d, excused after data loss %d; seed %d",
 		r.Backend, r.Acquisitions, sum(r.Calls), sum(r.Faults), formatCounts(r.Faults),
 		r.Overlaps, r.DataLossOverlaps, r.StaleAccepted, r.StaleRejected, r.WritesAccepted,
-		r.LateWrites, r.Outlived, r.Linearizable, r.MaxCancelLag.Round(time.Microsecond), r.Seed)
+		r.LateWrites, r.Outlived, r.Linearizable, r.MaxCancelLag.Round(time.Microsecond),
+		r.PrimGrants, r.PermitExcess, r.PermitChecks, r.MaxPermitHolders, r.RWOverlaps, r.RWChecks,
+		r.FenceDisorders, r.PrimDataLoss, r.Seed)
 }
 
 // Details are the figures Summary leaves out, in one line.
 func (r *Report) Details() string {
 	return fmt.Sprintf("%s: %v of chaos, %d worker processes (respawns included), acquire calls %s, "+
-		"writes sent late %d (accepted before a newer holder wrote: %d), history %s (kept with go test -artifacts)",
-		r.Backend, r.Duration.Round(time.Millisecond), r.Workers, formatCounts(r.Calls),
+		"primitive calls %s, writes sent late %d (accepted before a newer holder wrote: %d), history %s (kept with go test -artifacts)",
+		r.Backend, r.Duration.Round(time.Millisecond), r.Workers, formatCounts(r.Calls), formatCounts(r.PrimCalls),
 		r.LateWrites, r.LateAccepted, cmp.Or(r.HistoryFile, "not saved"))
 }
 
@@ -108,22 +129,172 @@ func Check(h *History, dir string) *Report {
 	for _, f := range h.Faults {
 		r.Faults[f.Kind]++
 	}
-	acqs, calls, problems := h.Acquisitions()
-	r.Calls, r.Acquisitions = calls, len(acqs)
+	all, calls, problems := h.Acquisitions()
 	r.Problems = append(r.Problems, problems...)
+	r.Calls, r.PrimCalls = calls, h.primCalls(calls)
 
-	byName := map[string][]*Acquisition{}
-	for _, a := range acqs {
+	var acqs []*Acquisition // the mutex's
+	byName, prims := map[string][]*Acquisition{}, map[string][]*Acquisition{}
+	for _, a := range all {
+		if a.Prim != "" {
+			prims[a.Name] = append(prims[a.Name], a)
+			r.PrimGrants++
+			continue
+		}
+		acqs = append(acqs, a)
 		byName[a.Name] = append(byName[a.Name], a)
 	}
+	r.Acquisitions = len(acqs)
 	names := slices.Sorted(maps.Keys(byName))
 	for _, name := range names {
 		h.checkWindows(r, byName[name])
 	}
 	h.checkLinearizable(r, names, acqs, dir)
-	h.checkWrites(r, acqs)
-	h.cancelLag(r, acqs)
+	for _, name := range slices.Sorted(maps.Keys(prims)) {
+		h.checkShared(r, prims[name])
+		h.checkFenceOrder(r, prims[name])
+	}
+	h.checkWrites(r, all)
+	h.cancelLag(r, all)
 	return r
+}
+
+// primCalls moves the primitives' acquire calls out of calls, the counts by outcome of every
+// call, and returns them counted by primitive and outcome.
+func (h *History) primCalls(calls map[string]int) map[string]int {
+	prim := map[string]string{}
+	counts := map[string]int{}
+	for _, e := range h.Events {
+		outcome := e.Outcome
+		switch e.Kind {
+		case EvStart:
+			if e.Prim != "" {
+				prim[e.Call] = e.Prim
+			}
+			continue
+		case EvGrant:
+			outcome = "granted"
+		case EvFail:
+		default:
+			continue
+		}
+		if p := prim[e.Call]; p != "" {
+			calls[outcome]--
+			if calls[outcome] == 0 {
+				delete(calls, outcome)
+			}
+			counts[p+" "+outcome]++
+		}
+	}
+	return counts
+}
+
+// checkShared checks properties 5 and 6 on the grants of one primitive's name, in grant order,
+// with the windows property 1 judges: [Grant, WindowEnd).
+//
+// Property 5, for a semaphore: the permits live at a permit's grant — granted before it, their
+// windows not ended — number fewer than History.Permits. Property 6, for a read-write lock: no
+// writer's window intersects another hold's. A hold whose data a restart lost before the
+// later grant is excused, as for the mutex (lostData).
+func (h *History) checkShared(r *Report, acqs []*Acquisition) {
+	ends := make([]int64, len(acqs))
+	for i, a := range acqs {
+		ends[i], _ = h.WindowEnd(a)
+	}
+	empty := func(i int) bool { return ends[i] <= acqs[i].Grant }
+	for i, b := range acqs {
+		if empty(i) {
+			continue
+		}
+		var live []*Acquisition
+		excused := 0
+		for j := range i {
+			a := acqs[j]
+			if empty(j) || ends[j] <= b.Grant {
+				continue
+			}
+			if b.Prim == PrimPermit && a.Prim != PrimPermit ||
+				b.Prim != PrimPermit && a.Prim != PrimWrite && b.Prim != PrimWrite {
+				continue // a hold the rule does not count against b: a reader with a reader
+			}
+			if h.lostData(a, ends[j], b) {
+				excused++
+				continue
+			}
+			live = append(live, a)
+		}
+		if b.Prim == PrimPermit {
+			r.PermitChecks++
+			r.MaxPermitHolders = max(r.MaxPermitHolders, len(live)+1)
+			if len(live)+1 <= h.Permits {
+				if len(live)+excused+1 > h.Permits {
+					r.PrimDataLoss++
+				}
+				continue
+			}
+			r.PermitExcess++
+			r.Violations = append(r.Violations, fmt.Sprintf(
+				"%d permits of %q live at once (at most %d): %v granted at %s while %d held it\n    %s%s\n    faults around it:%s",
+				len(live)+1, b.Name, h.Permits, b, h.rel(b.Grant), len(live), h.describe(b), h.describeAll(live), h.faultsNear(live[0].Grant, b.Grant)))
+			continue
+		}
+		if b.Prim == PrimWrite {
+			r.RWChecks++
+		}
+		if excused > 0 && len(live) == 0 {
+			r.PrimDataLoss++
+		}
+		for _, a := range live {
+			r.RWOverlaps++
+			r.Violations = append(r.Violations, fmt.Sprintf(
+				"read-write overlap on %q: %v granted at %s while %v held it\n    %s\n    %s\n    faults around it:%s",
+				b.Name, b, h.rel(b.Grant), a, h.describe(a), h.describe(b), h.faultsNear(a.Grant, b.Grant)))
+		}
+	}
+}
+
+// describeAll renders each of acqs, one after the other.
+func (h *History) describeAll(acqs []*Acquisition) string {
+	var b strings.Builder
+	for _, a := range acqs {
+		b.WriteString("\n    " + h.describe(a))
+	}
+	return b.String()
+}
+
+// checkFenceOrder checks property 7 on the grants of one primitive's name, in grant order: a
+// grant's fence is above the fence of every grant whose reply came back before its call began
+// — fences increase with every grant, as a holder that compares them may rely on. Grants whose
+// calls overlapped may come back in either order.
+func (h *History) checkFenceOrder(r *Report, acqs []*Acquisition) {
+	highest := make([]uint64, len(acqs)) // highest[i]: the highest fence of acqs[:i+1]
+	var high uint64
+	for i, a := range acqs {
+		high = max(high, a.Fence)
+		highest[i] = high
+	}
+	for _, b := range acqs {
+		// The grants that came back before b's call began: acqs[:n].
+		n, _ := slices.BinarySearchFunc(acqs, b.Start, func(a *Acquisition, t int64) int { return cmp.Compare(a.Grant, t) })
+		if n == 0 || b.Fence > highest[n-1] {
+			continue
+		}
+		var prev *Acquisition
+		for _, a := range acqs[:n] {
+			if a.Fence >= b.Fence {
+				prev = a
+				break
+			}
+		}
+		if h.lostData(prev, b.Start, b) {
+			r.PrimDataLoss++
+			continue
+		}
+		r.FenceDisorders++
+		r.Violations = append(r.Violations, fmt.Sprintf(
+			"fence %d of %v, asked for at %s, is not above fence %d granted at %s\n    %s\n    %s",
+			b.Fence, b, h.rel(b.Start), prev.Fence, h.rel(prev.Grant), h.describe(prev), h.describe(b)))
+	}
 }
 
 // checkWindows checks properties 1 and 4 on the acquisitions of one name, in grant order.
@@ -178,9 +349,14 @@ func (h *History) checkWindows(r *Report, acqs []*Acquisition) {
 
 // lostData reports whether a wipe of a's name happened while a held the lock and before b
 // was granted: the overlap of a and b is then the documented effect of data loss.
+//
+// "While a held the lock" starts when a's call began, not when its reply came back: the
+// server may grant a, be killed, and the reply reach a's client after the crash began (the
+// wipe then lost the grant as surely as one answered earlier). A wipe that began before a's
+// call cannot have lost a's grant: the server was down until the wipe was over.
 func (h *History) lostData(a *Acquisition, aEnd int64, b *Acquisition) bool {
 	for _, w := range h.Wipes {
-		if w.affects(a.Name) && w.From >= a.Grant && w.From < aEnd && w.From < b.Grant {
+		if w.affects(a.Name) && w.From >= a.Start && w.From < aEnd && w.From < b.Grant {
 			return true
 		}
 	}

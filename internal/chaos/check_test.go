@@ -172,6 +172,18 @@ func TestCheck(t *testing.T) {
 		},
 		want: chaos.Report{DataLossOverlaps: 1, Linearizable: "ok"},
 	}, {
+		name: "data loss: the grant's reply came back after the crash began",
+		build: func(b *history) {
+			// The server granted a before it was killed at 100 ms; the reply reached the
+			// client at 102 ms. The wipe lost a's grant as surely as one answered earlier.
+			a := b.grant(0, "x", 1, 0, 102, 600)
+			b.h.Wipes = append(b.h.Wipes, chaos.Wipe{Names: []string{"x"}, From: ms(100), To: ms(150)})
+			c := b.grant(1, "x", 1_000_000, 160, 200, 600)
+			b.ended(0, a, 592)
+			b.released(1, c, 700)
+		},
+		want: chaos.Report{DataLossOverlaps: 1, Linearizable: "ok"},
+	}, {
 		name: "data loss that resets the fence",
 		build: func(b *history) {
 			a := b.grant(0, "x", 7, 0, 2, 600)
@@ -230,6 +242,116 @@ func TestCheck(t *testing.T) {
 				files, _ := filepath.Glob(filepath.Join(dir, "porcupine-*.html"))
 				assert.NotEmpty(t, files, "no timeline of the illegal history")
 			}
+		})
+	}
+}
+
+// grantPrim records an acquisition of a primitive, as grant does a mutex's.
+func (b *history) grantPrim(w int, name, prim string, fence uint64, start, grant, ttl int64) string {
+	token := b.grant(w, name, fence, start, grant, ttl)
+	for i := len(b.h.Events) - 2; i < len(b.h.Events); i++ {
+		b.h.Events[i].Prim = prim
+	}
+	return token
+}
+
+// TestCheckPrimitives feeds the checker hand-made histories of a semaphore of two and a
+// read-write lock: more than two permits live, a writer with a reader, and a fence below one
+// granted before the call must fail; holders within the rules, or after a data loss, must not.
+func TestCheckPrimitives(t *testing.T) {
+	type counts struct{ PermitChecks, MaxLive, Excess, RWChecks, RWOverlaps, Disorders, DataLoss int }
+	tests := []struct {
+		name  string
+		build func(b *history)
+		want  counts
+		fail  bool
+	}{{
+		name: "two permits at once, a third after a release",
+		build: func(b *history) {
+			p1 := b.grantPrim(0, "s", chaos.PrimPermit, 1, 0, 2, 600)
+			p2 := b.grantPrim(1, "s", chaos.PrimPermit, 2, 1, 3, 600)
+			b.released(0, p1, 100)
+			p3 := b.grantPrim(2, "s", chaos.PrimPermit, 3, 50, 102, 600)
+			b.released(1, p2, 200)
+			b.released(2, p3, 200)
+		},
+		want: counts{PermitChecks: 3, MaxLive: 2},
+	}, {
+		name: "three permits live",
+		build: func(b *history) {
+			p1 := b.grantPrim(0, "s", chaos.PrimPermit, 1, 0, 2, 600)
+			p2 := b.grantPrim(1, "s", chaos.PrimPermit, 2, 1, 3, 600)
+			p3 := b.grantPrim(2, "s", chaos.PrimPermit, 3, 50, 60, 600)
+			b.released(0, p1, 100)
+			b.released(1, p2, 100)
+			b.released(2, p3, 100)
+		},
+		want: counts{PermitChecks: 3, MaxLive: 3, Excess: 1},
+		fail: true,
+	}, {
+		name: "three permits live after a data loss",
+		build: func(b *history) {
+			p1 := b.grantPrim(0, "s", chaos.PrimPermit, 1, 0, 2, 600)
+			p2 := b.grantPrim(1, "s", chaos.PrimPermit, 2, 1, 3, 600)
+			b.h.Wipes = append(b.h.Wipes, chaos.Wipe{Names: []string{"s"}, From: ms(20), To: ms(30)})
+			p3 := b.grantPrim(2, "s", chaos.PrimPermit, 3, 50, 60, 600)
+			b.released(0, p1, 100)
+			b.released(1, p2, 100)
+			b.released(2, p3, 100)
+		},
+		want: counts{PermitChecks: 3, MaxLive: 2, DataLoss: 1},
+	}, {
+		name: "readers together, then a writer",
+		build: func(b *history) {
+			r1 := b.grantPrim(0, "rw", chaos.PrimRead, 1, 0, 2, 600)
+			r2 := b.grantPrim(1, "rw", chaos.PrimRead, 2, 1, 3, 600)
+			b.released(0, r1, 100)
+			b.released(1, r2, 100)
+			w := b.grantPrim(2, "rw", chaos.PrimWrite, 3, 50, 102, 600)
+			b.write(2, w, "rw", 3, 110, true)
+			b.released(2, w, 200)
+		},
+		want: counts{RWChecks: 1},
+	}, {
+		name: "a writer with a reader",
+		build: func(b *history) {
+			r1 := b.grantPrim(0, "rw", chaos.PrimRead, 1, 0, 2, 600)
+			w := b.grantPrim(2, "rw", chaos.PrimWrite, 2, 50, 60, 600)
+			b.released(0, r1, 100)
+			b.released(2, w, 200)
+		},
+		want: counts{RWChecks: 1, RWOverlaps: 1},
+		fail: true,
+	}, {
+		name: "a fence below one granted before the call",
+		build: func(b *history) {
+			p1 := b.grantPrim(0, "s", chaos.PrimPermit, 5, 0, 2, 600)
+			b.released(0, p1, 10)
+			p2 := b.grantPrim(1, "s", chaos.PrimPermit, 4, 20, 22, 600)
+			b.released(1, p2, 30)
+		},
+		want: counts{PermitChecks: 2, MaxLive: 1, Disorders: 1},
+		fail: true,
+	}, {
+		name: "fences of overlapping calls in either order",
+		build: func(b *history) {
+			p1 := b.grantPrim(0, "s", chaos.PrimPermit, 5, 0, 20, 600)
+			p2 := b.grantPrim(1, "s", chaos.PrimPermit, 4, 10, 22, 600)
+			b.released(0, p1, 30)
+			b.released(1, p2, 30)
+		},
+		want: counts{PermitChecks: 2, MaxLive: 2},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newHistory()
+			b.h.Semaphore, b.h.Permits, b.h.RW = "s", 2, "rw"
+			tt.build(b)
+			r := chaos.Check(&b.h, "")
+			got := counts{r.PermitChecks, r.MaxPermitHolders, r.PermitExcess, r.RWChecks, r.RWOverlaps, r.FenceDisorders, r.PrimDataLoss}
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.fail, r.Failed(), "violations: %q\nproblems: %q", r.Violations, r.Problems)
+			assert.Zero(t, r.Acquisitions, "no mutex grants")
 		})
 	}
 }

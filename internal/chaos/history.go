@@ -24,6 +24,9 @@ type Event struct {
 	Mode string `json:"mode,omitempty"` // EvStart: ModeWatchdog or ModeLease
 	TTL  int64  `json:"ttl,omitempty"`  // EvStart: the lease, ns
 	Try  bool   `json:"try,omitempty"`  // EvStart: TryAcquire rather than Acquire
+	// Prim is what an acquire call asks for, on EvStart and EvGrant: "" a mutex, PrimPermit a
+	// semaphore's permit, PrimRead or PrimWrite a side of a read-write lock.
+	Prim string `json:"prim,omitempty"`
 
 	Fence    uint64 `json:"fence,omitempty"`    // EvGrant, EvWrite
 	Deadline int64  `json:"deadline,omitempty"` // EvGrant, EvDeadline: the local validity deadline
@@ -46,6 +49,13 @@ const (
 	EvWrite    = "write"    // a fenced write is sent (At: before it is sent)
 	EvWrote    = "wrote"    // its outcome came back
 	EvExit     = "exit"     // the worker is done and exits
+)
+
+// Primitives, as Event.Prim and Acquisition.Prim name them.
+const (
+	PrimPermit = "permit" // Semaphore.Acquire
+	PrimRead   = "read"   // RWMutex.RLock
+	PrimWrite  = "write"  // RWMutex.Lock
 )
 
 // Acquisition modes.
@@ -104,6 +114,12 @@ type History struct {
 	Kills      []Kill
 	Wipes      []Wipe
 	Faults     []Fault
+
+	// Semaphore and Permits are the semaphore name the workers take permits of and how many
+	// holders it may have; RW is the read-write lock's name. "": the run had none.
+	Semaphore string `json:",omitempty"`
+	Permits   int    `json:",omitempty"`
+	RW        string `json:",omitempty"`
 }
 
 // Acquisition is one granted acquisition, assembled from the events of its worker.
@@ -112,6 +128,7 @@ type Acquisition struct {
 	Token       string // the lock's token: unique per acquisition
 	Worker, Inc int
 	Name        string
+	Prim        string // "" for a mutex, or one of the Prim… constants
 	Mode        string
 	TTL         time.Duration
 	Fence       uint64
@@ -135,6 +152,9 @@ type Acquisition struct {
 
 // String identifies a for messages: its worker, name and fence.
 func (a *Acquisition) String() string {
+	if a.Prim != "" {
+		return fmt.Sprintf("w%d.%d %s %s fence %d (%s %v)", a.Worker, a.Inc, a.Name, a.Prim, a.Fence, a.Mode, a.TTL)
+	}
 	return fmt.Sprintf("w%d.%d %s fence %d (%s %v)", a.Worker, a.Inc, a.Name, a.Fence, a.Mode, a.TTL)
 }
 
@@ -160,7 +180,7 @@ func (h *History) Acquisitions() (acqs []*Acquisition, calls map[string]int, pro
 				continue
 			}
 			a := &Acquisition{
-				Call: e.Call, Token: e.Token, Worker: e.Worker, Inc: e.Inc, Name: s.Name,
+				Call: e.Call, Token: e.Token, Worker: e.Worker, Inc: e.Inc, Name: s.Name, Prim: s.Prim,
 				Mode: s.Mode, TTL: time.Duration(s.TTL), Fence: e.Fence,
 				Start: s.At, Grant: e.At, FirstDeadline: e.Deadline, Deadline: e.Deadline,
 			}

@@ -36,7 +36,10 @@ type Target struct {
 	Requests []func(request []byte) bool
 
 	Pause, Resume func(testing.TB) // SIGSTOP and SIGCONT the server
-	Crash         func(testing.TB) // kill -9 the server and restart it with its data
+	// Isolate cuts one server of a consensus cluster off from its peers (its leader,
+	// whose loss costs most), and Rejoin lets it back.
+	Isolate, Rejoin func(testing.TB)
+	Crash           func(testing.TB) // kill -9 the server and restart it with its data
 	// CrashLosingData kills the server and restarts it without its data (no persistence);
 	// it returns the names whose data was lost.
 	CrashLosingData func(testing.TB) []string
@@ -47,7 +50,12 @@ type Options struct {
 	Seed     uint64        // every random choice of the run derives from it
 	Duration time.Duration // how long faults are injected
 	Workers  int           // worker processes at any time; at least 4
+	Loops    int           // goroutines contending in each worker process; at least 1
 	NoFaults bool          // inject nothing: the workers just run for Duration
+	// The run goes on past Duration until it has seen MinAcquisitions grants and injected
+	// MinFaults faults, but no longer than MaxDuration.
+	MinAcquisitions, MinFaults int
+	MaxDuration                time.Duration
 }
 
 // Timings of a run.
@@ -59,6 +67,14 @@ const (
 	maxLease = 1200 * time.Millisecond
 	// stopTimeout bounds how long a worker may take to release its lock and exit when told.
 	stopTimeout = 30 * time.Second
+)
+
+// The primitives every run exercises besides the target's mutex names, on a backend that
+// grants shared holds: a semaphore of semPermits permits and a read-write lock.
+const (
+	semName    = "chaos-sem"
+	semPermits = 2
+	rwName     = "chaos-rw"
 )
 
 // Run runs one chaos run against target and returns what Check found, with the run's figures.
@@ -75,12 +91,13 @@ func Run(tb testing.TB, target *Target, opt Options) *Report {
 		tb: tb, target: target, opt: opt,
 		rng:      rand.New(rand.NewPCG(opt.Seed, h.Sum64())),
 		resource: StartResource(),
-		holding:  make(map[int]bool),
+		holding:  make(map[int]int),
 	}
 	defer c.resource.Close()
 	defer c.killAll() // when the run fails halfway; a no-op after stop
 
 	c.hist.Start = now()
+	c.hist.Semaphore, c.hist.Permits, c.hist.RW = semName, semPermits, rwName
 	for i := range opt.Workers {
 		c.spawn(i, 1)
 	}
@@ -128,10 +145,11 @@ type coordinator struct {
 	rng      *rand.Rand // only the test's goroutine uses it (it injects and spawns)
 	resource *Resource
 
-	mu      sync.Mutex // protects hist, workers, holding and spawned
+	mu      sync.Mutex // protects hist, workers, holding, granted and spawned
 	hist    History
 	workers []*workerProc // the current incarnation of each worker
-	holding map[int]bool  // worker → granted a lock whose Done it has not seen yet
+	holding map[int]int   // worker → locks granted whose Done it has not seen yet
+	granted int           // grants seen
 	spawned int
 
 	problems []string // harness failures; only the test's goroutine touches it
@@ -154,11 +172,12 @@ type workerProc struct {
 func (c *coordinator) spawn(id, inc int) {
 	c.tb.Helper()
 	cfg := WorkerConfig{
-		Worker: id, Inc: inc, Seed: c.opt.Seed, Conn: c.target.Conn, Names: c.target.Names,
+		Worker: id, Inc: inc, Seed: c.opt.Seed, Conn: c.target.Conn, Names: c.target.Names, Loops: c.opt.Loops,
 		Resource:    c.resource.URL,
 		WatchdogTTL: minLease + time.Duration(c.rng.Int64N(int64(300*time.Millisecond))),
 		LeaseMin:    minLease, LeaseMax: maxLease,
 		ReleaseOnLoss: id%2 == 1,
+		Semaphore:     semName, Permits: semPermits, RW: rwName,
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -191,7 +210,7 @@ func (c *coordinator) spawn(id, inc int) {
 	} else {
 		c.workers = append(c.workers, w)
 	}
-	c.holding[id] = false
+	c.holding[id] = 0
 	c.spawned++
 	c.mu.Unlock()
 }
@@ -212,9 +231,12 @@ func (c *coordinator) read(w *workerProc, stdout io.Reader) {
 		c.hist.Events = append(c.hist.Events, e)
 		switch e.Kind {
 		case EvGrant:
-			c.holding[e.Worker] = true
+			c.holding[e.Worker]++
+			if e.Prim == "" { // MinAcquisitions counts the mutex's grants
+				c.granted++
+			}
 		case EvDone:
-			c.holding[e.Worker] = false
+			c.holding[e.Worker] = max(c.holding[e.Worker]-1, 0)
 		}
 		c.mu.Unlock()
 	}
@@ -222,14 +244,15 @@ func (c *coordinator) read(w *workerProc, stdout io.Reader) {
 
 // The kinds of fault, as reported.
 const (
-	FaultLatency     = "latency"      // both directions slowed for a while
-	FaultDropReply   = "drop-reply"   // the reply to one lock request lost, its connection cut
-	FaultDelayReply  = "delay-reply"  // the reply to one lock request held back
-	FaultBlackhole   = "blackhole"    // a partition: every byte lost for a while
-	FaultReset       = "reset"        // every connection reset
-	FaultRefuse      = "refuse"       // connections reset and new ones refused for a while
-	FaultServerPause = "server-pause" // the server SIGSTOPped for a while
-	FaultServerCrash = "server-crash" // kill -9 and restart, data kept
+	FaultLatency     = "latency"          // both directions slowed for a while
+	FaultDropReply   = "drop-reply"       // the reply to one lock request lost, its connection cut
+	FaultDelayReply  = "delay-reply"      // the reply to one lock request held back
+	FaultBlackhole   = "blackhole"        // a partition: every byte lost for a while
+	FaultReset       = "reset"            // every connection reset
+	FaultRefuse      = "refuse"           // connections reset and new ones refused for a while
+	FaultServerPause = "server-pause"     // the server SIGSTOPped for a while
+	FaultIsolate     = "member-partition" // one member cut off from its peers for a while
+	FaultServerCrash = "server-crash"     // kill -9 and restart, data kept
 	FaultDataLoss    = "server-crash-data-loss"
 	FaultWorkerKill  = "worker-kill" // a worker SIGKILLed and started again
 	FaultWorkerStop  = "worker-stop" // a worker SIGSTOPped past its lease, then SIGCONTed
@@ -253,6 +276,7 @@ func (c *coordinator) faultKinds() []string {
 	add(FaultReset, proxy)
 	add(FaultRefuse, proxy)
 	add(FaultServerPause, t.Pause != nil && t.Resume != nil)
+	add(FaultIsolate, t.Isolate != nil && t.Rejoin != nil)
 	add(FaultServerCrash, t.Crash != nil)
 	add(FaultDataLoss, t.CrashLosingData != nil)
 	add(FaultWorkerKill, true)
@@ -273,8 +297,15 @@ func (c *coordinator) inject(d time.Duration) {
 		c.sleep(d)
 		return
 	}
-	for time.Until(end) > 0 {
-		c.sleep(c.between(100*time.Millisecond, 600*time.Millisecond))
+	deadline := time.Now().Add(max(c.opt.MaxDuration, d))
+	injected := 0
+	for time.Until(end) > 0 || (c.short(injected) && time.Until(deadline) > 0) {
+		calm := c.between(100*time.Millisecond, 600*time.Millisecond)
+		if time.Until(end) <= 0 && injected >= c.opt.MinFaults {
+			calm *= 5 // past Duration with faults enough, waiting for grants: let them come
+		}
+		c.sleep(calm)
+		injected++
 		if len(round) == 0 {
 			round = slices.Clone(kinds)
 			c.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
@@ -282,6 +313,13 @@ func (c *coordinator) inject(d time.Duration) {
 		c.injectOne(round[0])
 		round = round[1:]
 	}
+}
+
+// short reports whether the run has not yet seen the grants and faults it asks for.
+func (c *coordinator) short(injected int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.granted < c.opt.MinAcquisitions || injected < c.opt.MinFaults
 }
 
 // injectOne injects one fault of kind and takes it back.
@@ -328,10 +366,17 @@ func (c *coordinator) injectOne(kind string) {
 		t.Pause(c.tb)
 		c.sleep(c.between(200*time.Millisecond, 1200*time.Millisecond))
 		t.Resume(c.tb)
+	case FaultIsolate:
+		t.Isolate(c.tb)
+		c.sleep(c.between(500*time.Millisecond, 3*time.Second))
+		t.Rejoin(c.tb)
 	case FaultServerCrash:
 		t.Crash(c.tb)
 	case FaultDataLoss:
 		names := t.CrashLosingData(c.tb)
+		// The primitives' names may have lived on the crashed server too (on a cluster,
+		// maybe not): taken as lost, which can only excuse more.
+		names = append(names, semName, rwName)
 		c.mu.Lock()
 		c.hist.Wipes = append(c.hist.Wipes, Wipe{Names: names, From: from, To: now()})
 		c.mu.Unlock()
@@ -358,7 +403,7 @@ func (c *coordinator) pickWorker() *workerProc {
 	defer c.mu.Unlock()
 	var holders []*workerProc
 	for _, w := range c.workers {
-		if c.holding[w.id] {
+		if c.holding[w.id] > 0 {
 			holders = append(holders, w)
 		}
 	}
@@ -411,15 +456,27 @@ func (c *coordinator) stop() {
 	for _, w := range workers {
 		_ = w.stdin.Close()
 	}
-	timeout := time.After(stopTimeout)
+	deadline := time.Now().Add(stopTimeout) // for all of them: a second worker that hangs is timed out too
 	for _, w := range workers {
 		select {
 		case <-w.reaped:
-		case <-timeout:
-			c.problems = append(c.problems, fmt.Sprintf("worker w%d.%d did not stop within %v; killed", w.id, w.inc, stopTimeout))
+		case <-time.After(time.Until(deadline)):
+			// The Go runtime prints every goroutine's stack on SIGQUIT, and exits: say where
+			// the worker hung.
+			_ = w.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-w.reaped:
+			case <-time.After(5 * time.Second):
+				_ = w.cmd.Process.Kill()
+				<-w.reaped
+			}
 			w.killed = true
-			_ = w.cmd.Process.Kill()
-			<-w.reaped
+			dump := w.stderr.String()
+			if len(dump) > 30000 {
+				dump = dump[:30000] + "\n…"
+			}
+			c.problems = append(c.problems, fmt.Sprintf("worker w%d.%d did not stop within %v; its goroutines:\n%s",
+				w.id, w.inc, stopTimeout, dump))
 		}
 	}
 	for _, w := range workers {

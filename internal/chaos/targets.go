@@ -30,7 +30,7 @@ func StartRedis(t *testing.T) *Target {
 	t.Helper()
 	srv := testserver.StartRedis(t, testserver.WithPersistence())
 	proxy := testserver.StartFaultProxy(t, srv.Addr)
-	names := []string{"chaos-a", "chaos-b"}
+	names := []string{"chaos-a", "chaos-b", "chaos-c", "chaos-d"}
 	return &Target{
 		Backend:  "redis",
 		Conn:     Conn{Kind: "redis", Addrs: []string{proxy.Addr}},
@@ -88,7 +88,7 @@ func clusterNames(tb testing.TB, seeds []string, victim string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var on, off []string
-	for i := 0; len(on) < 2 || len(off) < 1; i++ {
+	for i := 0; len(on) < 2 || len(off) < 2; i++ {
 		name := fmt.Sprintf("chaos-%d", i)
 		node, err := client.MasterForKey(ctx, redisstore.DefaultPrefix+"{"+name+"}")
 		if err != nil {
@@ -100,7 +100,7 @@ func clusterNames(tb testing.TB, seeds []string, victim string) []string {
 			off = append(off, name)
 		}
 	}
-	return append(on[:2], off[0])
+	return append(on[:2], off[:2]...)
 }
 
 // waitClusterOK waits until every node of c reports cluster_state:ok again after a restart.
@@ -139,7 +139,7 @@ func StartMongo(t *testing.T) *Target {
 		Conn: Conn{
 			Kind: "mongo", URI: "mongodb://" + proxy.Addr + "/?directConnection=true", Database: m.Database,
 		},
-		Names: []string{"chaos-a", "chaos-b"},
+		Names: []string{"chaos-a", "chaos-b", "chaos-c", "chaos-d"},
 		Proxy: proxy,
 		Requests: []func([]byte) bool{
 			testserver.MatchMongoCommand("findAndModify"), // acquire
@@ -194,7 +194,7 @@ func sqlTarget(tb testing.TB, backend, kind, dsn, addr string, match func([]byte
 	return &Target{
 		Backend:  backend,
 		Conn:     Conn{Kind: kind, URI: strings.Replace(dsn, addr, proxy.Addr, 1)},
-		Names:    []string{"chaos-a", "chaos-b"},
+		Names:    []string{"chaos-a", "chaos-b", "chaos-c", "chaos-d"},
 		Proxy:    proxy,
 		Requests: []func([]byte) bool{match},
 	}

@@ -34,8 +34,8 @@ const WorkerEnv = "GUARD_CHAOS_WORKER"
 
 // Conn tells a worker how to reach the backend.
 type Conn struct {
-	Kind  string   // "redis", "cluster", "mongo", "postgres" or "mysql"
-	Addrs []string // redis: the server's address; cluster: seed addresses
+	Kind  string   // "redis", "cluster", "mongo", "postgres", "mysql", or one RegisterKind added
+	Addrs []string // redis: the server's address; cluster: seed addresses; etcd: the endpoints
 	// Route maps a cluster node's address to the address to dial instead: the FaultProxy in
 	// front of that node.
 	Route    map[string]string `json:",omitempty"`
@@ -44,7 +44,8 @@ type Conn struct {
 
 	// Sabotage breaks the lock on purpose, to show that the checks catch it. "steal": an
 	// acquisition that finds the name held force-releases it and takes it (the backend must
-	// be an Inspector).
+	// be an Inspector). "permits": the workers take permits of a semaphore of one more permit
+	// than WorkerConfig.Permits, which the check expects.
 	Sabotage string `json:",omitempty"`
 }
 
@@ -62,7 +63,23 @@ type WorkerConfig struct {
 	// loss, from within the Guard's event delivery (reasonable user code that once
 	// deadlocked a Guard).
 	ReleaseOnLoss bool
+	// Loops is how many goroutines of the worker process contend, on its one Guard; at
+	// least 1.
+	Loops int
+	// Semaphore names a semaphore of Permits permits and RW a read-write lock: primLoops more
+	// goroutines take permits, read and write locks of them, on a backend that grants shared
+	// holds. "": none.
+	Semaphore string `json:",omitempty"`
+	Permits   int    `json:",omitempty"`
+	RW        string `json:",omitempty"`
 }
+
+// primLoops is how many goroutines of a worker process take permits and read-write locks, on
+// top of its Loops: with four workers, four contenders, of which half the rounds take a
+// permit — enough that a semaphore that let three in is caught within seconds
+// (TestChaosCatchesABrokenSemaphore). Two per worker starved a three-member etcd cluster on a
+// loaded two-core machine (its status calls timed out).
+const primLoops = 1
 
 // WorkerMain runs a worker process when the environment carries a WorkerConfig, and reports
 // false at once otherwise. The worker writes its history to stdout and runs until its stdin
@@ -101,7 +118,21 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer closeClient()
+	defer func() {
+		// A driver's Close can wait for good on a connection that died without a word:
+		// pgxpool's Close waits for the health-check ping of a pooled connection that a
+		// blackhole left reading forever (four workers hung so at the end of one run). The
+		// process exits next: closing the client is a courtesy to the server, not a duty.
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			closeClient()
+		}()
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+		}
+	}()
 	g := guard.New(backend,
 		guard.WithWatchdogTimeout(cfg.WatchdogTTL),
 		guard.WithObserver(rec),
@@ -112,15 +143,34 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 		_ = g.Close(cctx)
 	}()
 	rec.releaseOnLoss = cfg.ReleaseOnLoss
-	w := &worker{
-		cfg: cfg, g: g, rec: rec,
-		rng:  rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Worker)<<32|uint64(cfg.Inc))),
-		http: &http.Client{Timeout: writeTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 4}},
+	client := &http.Client{Timeout: writeTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	defer client.CloseIdleConnections()
+	prims, err := openPrimitives(g, cfg)
+	if err != nil {
+		return err
 	}
-	defer w.http.CloseIdleConnections()
-	for seq := 1; ctx.Err() == nil; seq++ {
-		w.round(ctx, fmt.Sprintf("w%d.%d.%d", cfg.Worker, cfg.Inc, seq))
+	var wg sync.WaitGroup
+	loops := max(cfg.Loops, 1)
+	for loop := range loops + primLoops {
+		if loop >= loops && prims == nil {
+			break
+		}
+		w := &worker{
+			cfg: cfg, g: g, rec: rec, http: client,
+			rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Worker)<<32|uint64(cfg.Inc)<<8|uint64(loop))),
+		}
+		wg.Go(func() {
+			for seq := 1; ctx.Err() == nil; seq++ {
+				call := fmt.Sprintf("w%d.%d.%d.%d", cfg.Worker, cfg.Inc, loop, seq)
+				if loop < loops {
+					w.round(ctx, call)
+				} else {
+					w.primRound(ctx, call, prims)
+				}
+			}
+		})
 	}
+	wg.Wait()
 	rec.emit(Event{Kind: EvExit, At: now()})
 	return nil
 }
@@ -133,7 +183,7 @@ const writeTimeout = 400 * time.Millisecond
 // open returns a Store on the backend c names, and a function that closes its client.
 func open(c Conn) (guard.Backend, func(), error) {
 	b, closeClient, err := openStore(c)
-	if err != nil || c.Sabotage == "" {
+	if err != nil || c.Sabotage == "" || c.Sabotage == "permits" {
 		return b, closeClient, err
 	}
 	ins, ok := b.(guard.Inspector)
@@ -156,7 +206,7 @@ func (t thief) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	if !errors.Is(err, guard.ErrNotAcquired) {
 		return fence, err
 	}
-	_ = t.ins.ForceRelease(ctx, r.Name)
+	_ = t.ins.ForceRelease(ctx, r.Name, 0)
 	return t.Backend.Acquire(ctx, r)
 }
 
@@ -218,7 +268,28 @@ func openStore(c Conn) (guard.Backend, func(), error) {
 		db := sql.OpenDB(connector)
 		return mysqlstore.New(db), func() { _ = db.Close() }, nil
 	}
+	if open := kinds[c.Kind]; open != nil {
+		return open(c)
+	}
 	return nil, nil, fmt.Errorf("chaos: unknown backend kind %q", c.Kind)
+}
+
+// kinds are the backend kinds that modules of their own add (RegisterKind).
+var kinds = map[string]func(Conn) (guard.Backend, func(), error){}
+
+// RegisterKind makes workers open a Conn of kind with open, which returns a store and a
+// function that closes what it opened: a backend in a module of its own (etcdstore) runs the
+// chaos from its own tests, whose binary is its workers. Call it in TestMain, before
+// WorkerMain; a kind registered twice, or one of this package, panics.
+func RegisterKind(kind string, open func(Conn) (guard.Backend, func(), error)) {
+	switch kind {
+	case "redis", "cluster", "mongo", "postgres", "mysql":
+		panic("chaos: RegisterKind: " + kind + " is built in")
+	}
+	if kinds[kind] != nil {
+		panic("chaos: RegisterKind: " + kind + " registered twice")
+	}
+	kinds[kind] = open
 }
 
 // worker is the state of one worker process's loop.
@@ -246,6 +317,9 @@ func (w *worker) round(ctx context.Context, call string) {
 		opts = append(opts, guard.WaitTime(w.between(200*time.Millisecond, 3*time.Second)))
 	}
 	plan := w.rng.IntN(100)
+	if w.rng.IntN(100) < 99 {
+		plan = -1 // most jobs are quick: one write and a release, as a locked request's are
+	}
 
 	w.rec.emit(Event{Kind: EvStart, At: now(), Call: call, Name: name, Mode: mode, TTL: int64(ttl), Try: try})
 	var l *guard.Lock
@@ -258,7 +332,7 @@ func (w *worker) round(ctx context.Context, call string) {
 	}
 	if err != nil {
 		w.rec.emit(Event{Kind: EvFail, At: now(), Call: call, Outcome: failure(err), Err: err.Error()})
-		w.pause(ctx, w.between(10*time.Millisecond, 100*time.Millisecond))
+		w.pause(ctx, w.between(5*time.Millisecond, 50*time.Millisecond))
 		return
 	}
 	w.rec.emit(Event{
@@ -275,11 +349,13 @@ func (w *worker) round(ctx context.Context, call string) {
 
 	release := true
 	switch {
-	case plan < 55: // a short job: a few writes
+	case plan < 0: // a quick job
+		w.write(l)
+	case plan < 80: // a short job: a few writes
 		w.writes(l, 1+w.rng.IntN(4))
-	case plan < 80: // a long job, maybe longer than a lease: write until done or the lock ends
+	case plan < 90: // a long job, maybe longer than a lease: write until done or the lock ends
 		w.writeFor(l, time.Duration(float64(ttl)*(0.5+2*w.rng.Float64())))
-	case plan < 90 && mode == ModeLease: // a job that extends its lease, sometimes twice at once
+	case plan < 95 && mode == ModeLease: // a job that extends its lease, sometimes twice at once
 		w.writes(l, 1+w.rng.IntN(2))
 		w.extend(l, ttl, w.rng.IntN(2) == 0)
 		w.writeFor(l, time.Duration(float64(ttl)*w.rng.Float64()))
@@ -300,7 +376,97 @@ func (w *worker) round(ctx context.Context, call string) {
 		w.rec.release(l, rctx)
 	}
 	<-ended
-	w.pause(ctx, w.between(0, 50*time.Millisecond))
+	w.pause(ctx, w.between(0, 10*time.Millisecond))
+}
+
+// primitives are the semaphore and the read-write lock a worker's primLoops contend for.
+type primitives struct {
+	sem *guard.Semaphore
+	rw  *guard.RWMutex
+}
+
+// openPrimitives returns cfg's primitives on g, or nil when cfg names none or the backend
+// grants no shared holds.
+func openPrimitives(g *guard.Guard, cfg WorkerConfig) (*primitives, error) {
+	if cfg.Semaphore == "" || cfg.RW == "" {
+		return nil, nil
+	}
+	permits := cfg.Permits
+	if cfg.Conn.Sabotage == "permits" {
+		permits++
+	}
+	sem, err := g.Semaphore(cfg.Semaphore, permits)
+	if errors.Is(err, guard.ErrUnsupported) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	rw, err := g.RWMutex(cfg.RW)
+	if err != nil {
+		return nil, err
+	}
+	return &primitives{sem: sem, rw: rw}, nil
+}
+
+// primRound takes a permit of the semaphore, or a side of the read-write lock, holds it
+// briefly and gives it back — or lets its lease lapse. A writer sends fenced writes to the
+// Resource, as a mutex holder does; readers and permit holders, who hold the name together,
+// send none: the Resource's fence order is a single writer's.
+func (w *worker) primRound(ctx context.Context, call string, p *primitives) {
+	prim, name := PrimPermit, p.sem.Name()
+	switch n := w.rng.IntN(10); {
+	case n < 3:
+		prim, name = PrimRead, p.rw.Name()
+	case n < 5:
+		prim, name = PrimWrite, p.rw.Name()
+	}
+	mode, ttl := ModeWatchdog, w.cfg.WatchdogTTL
+	opts := []guard.LockOption{guard.WaitTime(w.between(200*time.Millisecond, 3*time.Second))}
+	if w.rng.IntN(2) == 0 {
+		mode, ttl = ModeLease, w.between(w.cfg.LeaseMin, w.cfg.LeaseMax)
+		opts = append(opts, guard.LeaseTime(ttl))
+	}
+	lapse := mode == ModeLease && w.rng.IntN(100) < 3
+	w.rec.emit(Event{Kind: EvStart, At: now(), Call: call, Name: name, Prim: prim, Mode: mode, TTL: int64(ttl)})
+	var l *guard.Lock
+	var err error
+	switch prim {
+	case PrimPermit:
+		l, err = p.sem.Acquire(ctx, opts...)
+	case PrimRead:
+		l, err = p.rw.RLock(ctx, opts...)
+	default:
+		l, err = p.rw.Lock(ctx, opts...)
+	}
+	if err != nil {
+		w.rec.emit(Event{Kind: EvFail, At: now(), Call: call, Outcome: failure(err), Err: err.Error()})
+		w.pause(ctx, w.between(5*time.Millisecond, 50*time.Millisecond))
+		return
+	}
+	w.rec.emit(Event{
+		Kind: EvGrant, At: l.AcquiredAt().UnixNano(), Call: call, Token: l.Token(), Name: name, Prim: prim,
+		Fence: l.Fence(), Deadline: l.Deadline().UnixNano(),
+	})
+	w.seq = 0
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		<-l.Done()
+		w.rec.emit(Event{Kind: EvDone, At: now(), Token: l.Token(), Err: errString(l.Err())})
+	}()
+	if prim == PrimWrite {
+		w.writes(l, 1+w.rng.IntN(3))
+	} else {
+		w.pause(l.Context(), w.between(10*time.Millisecond, 150*time.Millisecond))
+	}
+	if lapse {
+		<-l.Done()
+	} else {
+		w.rec.release(l, context.Background())
+	}
+	<-ended
+	w.pause(ctx, w.between(0, 10*time.Millisecond))
 }
 
 // extend extends l's lease to ttl — and, when twice is set, at the same time to the shortest

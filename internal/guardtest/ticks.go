@@ -29,15 +29,16 @@ type TickLog struct {
 	// Ran receives the instance of each run when it ends; it holds 1000 before a run blocks.
 	Ran chan int
 
-	mu     sync.Mutex // protects runs and fences
+	mu     sync.Mutex // protects runs, fences and lates
 	runs   map[int][]int
 	fences map[int][]uint64
+	lates  map[int]time.Duration // how late each tick's first run started
 }
 
 // NewTickLog returns a log for a job due at t0 and every period after.
 func NewTickLog(t0 time.Time, period time.Duration) *TickLog {
 	return &TickLog{t0: t0, period: period, Ran: make(chan int, 1000),
-		runs: map[int][]int{}, fences: map[int][]uint64{}}
+		runs: map[int][]int{}, fences: map[int][]uint64{}, lates: map[int]time.Duration{}}
 }
 
 // Tick0 returns when tick 0 is due.
@@ -70,6 +71,9 @@ func (r *TickLog) Task(instance int, work time.Duration, scheduled func() time.T
 			r.Ran <- instance
 		}()
 		r.mu.Lock()
+		if _, ok := r.lates[k]; !ok {
+			r.lates[k] = late
+		}
 		r.runs[k] = append(r.runs[k], instance)
 		if l, ok := guard.FromContext(ctx); ok {
 			r.fences[k] = append(r.fences[k], l.Fence())
@@ -102,24 +106,47 @@ func (r *TickLog) Overlaps() int { return int(r.overlaps.Load()) }
 // RequireOncePerTick checks that each of the first ticks ticks ran exactly once, that no tick
 // ran twice, that no two runs overlapped, and that the fences rose from tick to tick; it logs
 // the runs.
+//
+// One miss is excused, and logged: a tick that ran nowhere right after a tick whose run
+// started more than half a period late. The hold window (half the period, by the rule of
+// docs/scheduling.md) of that late run then covered the next tick's timers, as it should; a
+// machine loaded enough to start a run that late (two cores, the race detector, other
+// packages' servers) makes it happen. More than a quarter of the ticks missed that way fails.
 func (r *TickLog) RequireOncePerTick(t *testing.T, ticks int) {
 	t.Helper()
 	r.mu.Lock()
-	runs, fences := maps.Clone(r.runs), maps.Clone(r.fences)
+	runs, fences, lates := maps.Clone(r.runs), maps.Clone(r.fences), maps.Clone(r.lates)
 	r.mu.Unlock()
 	r.Log(t)
+	excused := map[int]bool{}
+	for k := 1; k < ticks; k++ {
+		if len(runs[k]) == 0 && len(runs[k-1]) == 1 && lates[k-1] > r.period/2 {
+			excused[k] = true
+			t.Logf("tick %d ran nowhere: tick %d's run started %v late, and its hold window covered tick %d",
+				k, k-1, lates[k-1].Round(time.Millisecond), k)
+		}
+	}
+	assert.LessOrEqual(t, len(excused), ticks/4, "ticks missed after late runs")
 	for k := range ticks {
-		assert.Len(t, runs[k], 1, "tick %d ran on instances %v", k, runs[k])
+		if !excused[k] {
+			assert.Len(t, runs[k], 1, "tick %d ran on instances %v", k, runs[k])
+		}
 	}
 	for k, ids := range runs {
 		assert.LessOrEqual(t, len(ids), 1, "tick %d ran on instances %v", k, ids)
 	}
 	assert.Zero(t, r.Overlaps(), "runs overlapped")
-	for k := 1; k < ticks; k++ {
-		if len(fences[k]) == 1 && len(fences[k-1]) == 1 {
-			assert.Greater(t, fences[k][0], fences[k-1][0], "fence of tick %d", k)
-		} else {
-			assert.Fail(t, "a run without a fence", "tick %d: %v, tick %d: %v", k-1, fences[k-1], k, fences[k])
+	last := -1 // the last tick that ran, for its fence
+	for k := range ticks {
+		switch {
+		case excused[k]:
+		case len(fences[k]) != 1:
+			assert.Fail(t, "a run without a fence", "tick %d: %v", k, fences[k])
+		case last >= 0:
+			assert.Greater(t, fences[k][0], fences[last][0], "fence of tick %d", k)
+			last = k
+		default:
+			last = k
 		}
 	}
 }

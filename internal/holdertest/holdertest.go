@@ -33,6 +33,8 @@ const TTL = time.Second
 const (
 	connEnv = "GUARD_HOLDERTEST_CONN"
 	nameEnv = "GUARD_HOLDERTEST_NAME"
+	// idEnv, when set, makes the process a contender (Contended) with this instance name.
+	idEnv = "GUARD_HOLDERTEST_ID"
 )
 
 // Open opens the store a holder locks on, from the connection string its test passed (an
@@ -47,7 +49,11 @@ func Main(open Open) {
 	if conn == "" {
 		return
 	}
-	if err := hold(open, conn, name); err != nil {
+	run := hold
+	if id := os.Getenv(idEnv); id != "" {
+		run = func(open Open, conn, name string) error { return contend(open, conn, name, id) }
+	}
+	if err := run(open, conn, name); err != nil {
 		fmt.Printf("error %v\n", err)
 		os.Exit(1)
 	}

@@ -28,16 +28,16 @@ type stuckBackend struct {
 	slow time.Duration
 }
 
-func (b *stuckBackend) renew(ctx context.Context, batch []*Lease) ([]Result, []error) {
+func (b *stuckBackend) renew(ctx context.Context, batch []Request) ([]Result, []error) {
 	b.mu.Lock()
 	c := call{at: time.Now()}
 	hang := false
-	for _, l := range batch {
-		c.names = append(c.names, l.Name)
-		if b.hold(l.Name, b.seen[l.Name]) {
+	for _, r := range batch {
+		c.names = append(c.names, r.Name)
+		if b.hold(r.Name, b.seen[r.Name]) {
 			hang = true
 		}
-		b.seen[l.Name]++
+		b.seen[r.Name]++
 	}
 	b.calls = append(b.calls, c)
 	b.mu.Unlock()
@@ -76,7 +76,7 @@ func TestUnansweredRenewalIsSentAgain(t *testing.T) {
 		defer s.Close()
 		var e ends
 		start := time.Now()
-		s.Add(e.lease("a", ttl), start, ttl)
+		e.add(s, e.lease("a", ttl), start, ttl)
 
 		time.Sleep(5 * ttl)
 		assert.Empty(t, e.all(), "a lease ended because one renewal went unanswered")
@@ -100,9 +100,9 @@ func TestStuckBatchStarvesNoOtherLease(t *testing.T) {
 		defer s.Close()
 		var e ends
 		start := time.Now()
-		s.Add(e.lease("a", ttl), start, ttl)
+		e.add(s, e.lease("a", ttl), start, ttl)
 		time.Sleep(ttl / 4) // b is due after a's batch has gone out, and outside it
-		s.Add(e.lease("b", ttl), time.Now(), ttl)
+		e.add(s, e.lease("b", ttl), time.Now(), ttl)
 
 		time.Sleep(5 * ttl)
 		assert.Empty(t, e.all(), "a lease was lost to one slow reply")
@@ -131,7 +131,7 @@ func TestPartitionsAreRenewedApart(t *testing.T) {
 		var e ends
 		start := time.Now()
 		for _, n := range []string{"s1", "f1", "s2", "f2"} {
-			s.Add(e.lease(n, ttl), start, ttl)
+			e.add(s, e.lease(n, ttl), start, ttl)
 		}
 
 		time.Sleep(5 * ttl)
@@ -162,8 +162,8 @@ func TestSuspendedHostEndsLeasesThatRanOut(t *testing.T) {
 		s.wallOffset = func() time.Duration { return time.Duration(away.Load()) }
 		s.mu.Unlock()
 		var e ends
-		s.Add(e.lease("watchdog", ttl), time.Now(), ttl)
-		s.Add(e.lease("fixed", 0), time.Now(), time.Hour) // a LeaseTime lock of an hour
+		e.add(s, e.lease("watchdog", ttl), time.Now(), ttl)
+		e.add(s, e.lease("fixed", 0), time.Now(), time.Hour) // a LeaseTime lock of an hour
 
 		time.Sleep(2 * time.Second)
 		away.Store(int64(40 * time.Minute))
@@ -193,7 +193,7 @@ func TestShortSuspensionRenewsAtOnce(t *testing.T) {
 		s.mu.Unlock()
 		var e ends
 		l := e.lease("a", ttl)
-		s.Add(l, time.Now(), ttl)
+		e.add(s, l, time.Now(), ttl)
 
 		time.Sleep(time.Second)
 		before := s.Deadline(l)
@@ -208,9 +208,10 @@ func TestShortSuspensionRenewsAtOnce(t *testing.T) {
 	})
 }
 
-// TestClaim: a lock handed over with a short lease claims its own, full lease when a third of
+// TestClaim: a lock handed over with a short lease claims the rest of its own when a third of
 // the short one has passed — once: a LeaseTime lock is only watched after that — and not at
-// all when it is removed (released) before then.
+// all when it is released before then. The claim asks for what is left of the lease the lock
+// asked for, counted from its grant, so that it lives no longer than asked.
 func TestClaim(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const granted, lease = time.Second, 10 * time.Second
@@ -219,26 +220,162 @@ func TestClaim(t *testing.T) {
 		defer s.Close()
 		var e ends
 		start := time.Now()
+		grant := Grant{Start: start, HeldAt: start, Granted: granted, Fixed: lease}
 		claimed := e.lease("claimed", 0)
-		claimed.Claim = lease
-		s.Add(claimed, start, granted)
+		s.Add(claimed, grant)
 		released := e.lease("released", 0)
-		released.Claim = lease
-		s.Add(released, start, granted)
+		s.Add(released, grant)
 
 		time.Sleep(granted / 4)
-		s.Remove(released)
+		s.Release(released)
 		time.Sleep(granted)
 		calls := b.snapshot()
 		require.Len(t, calls, 1, "one claim, for the lock still held")
 		assert.Equal(t, []string{"claimed"}, calls[0].names)
 		assert.Equal(t, granted/3, calls[0].at.Sub(start))
-		assert.Equal(t, watchdog.Deadline(calls[0].at, lease), s.Deadline(claimed), "the claimed lease counts from the claim")
+		assert.Equal(t, watchdog.Deadline(calls[0].at, lease-granted/3), s.Deadline(claimed), "the claimed lease ends when the lease asked for does")
 
 		time.Sleep(2 * lease)
 		assert.Len(t, b.snapshot(), 1, "a LeaseTime lock was renewed after its claim")
 		ended := e.all()
 		require.Len(t, ended, 1)
 		assert.Equal(t, Expired, ended[0].reason)
+		assert.Equal(t, watchdog.Deadline(calls[0].at, lease-granted/3), ended[0].at)
+	})
+}
+
+// TestFullBatchesDoNotSpin: with every batch the scheduler may have out hanging, leases that
+// are due cannot be sent until one comes back; the loop must sleep until then, not wake at
+// once again and again (under synctest, a loop that spins never lets time pass, and this test
+// would hang).
+func TestFullBatchesDoNotSpin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 600 * time.Millisecond
+		b := newStuck(func(string, int) bool { return true })
+		s := New(b.renew, func(name string) string { return name }) // a batch each
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		for i := range 2 * maxBatches {
+			e.add(s, e.lease(string(rune('a'+i)), ttl), start, ttl)
+		}
+		time.Sleep(ttl / 2)
+		synctest.Wait()
+		assert.Len(t, b.snapshot(), maxBatches, "batches out")
+		time.Sleep(ttl)
+		assert.Len(t, e.all(), 2*maxBatches, "every lease ended at its deadline")
+	})
+}
+
+// queueBackend answers batches one at a time, in the order they arrive, each after service:
+// a server working through a queue, busy but not stuck.
+type queueBackend struct {
+	service time.Duration
+	serve   chan struct{} // holds a token while a batch is served: the queue (a channel, which synctest sees blocked)
+
+	mu     sync.Mutex // protects out and hedges
+	out    map[string]int
+	hedges []string // a name requested while a request for it was out
+}
+
+func (b *queueBackend) renew(ctx context.Context, batch []Request) ([]Result, []error) {
+	b.mu.Lock()
+	for _, r := range batch {
+		if b.out[r.Name] > 0 {
+			b.hedges = append(b.hedges, r.Name)
+		}
+		b.out[r.Name]++
+	}
+	b.mu.Unlock()
+	b.serve <- struct{}{}
+	time.Sleep(b.service)
+	<-b.serve
+	b.mu.Lock()
+	for _, r := range batch {
+		b.out[r.Name]--
+	}
+	b.mu.Unlock()
+	return make([]Result, len(batch)), make([]error, len(batch)) // all Renewed
+}
+
+// TestBusyBackendIsNotHedged: eight leases, each on a server of its own (so each in a batch of
+// its own), are due at once; the backend answers one batch every 30 ms, so the last answers
+// come 240 ms after they were sent — past the hedge delay (TTL/6 = 100 ms) but well within the
+// lease. Answers keep coming meanwhile: the backend is busy, not stuck, and a copy of each
+// late request would only make its queue longer (with 100,000 locks on a loaded host, copies
+// were half of all requests and most locks were lost). No request may be sent twice, and no
+// lease may end.
+func TestBusyBackendIsNotHedged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 600 * time.Millisecond
+		b := &queueBackend{service: 30 * time.Millisecond, serve: make(chan struct{}, 1), out: make(map[string]int)}
+		s := New(b.renew, func(name string) string { return name })
+		defer s.Close()
+		var e ends
+		start := time.Now()
+		for _, name := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+			e.add(s, e.lease(name, ttl), start, ttl)
+		}
+
+		time.Sleep(5 * ttl)
+		assert.Empty(t, e.all(), "a lease ended behind a busy backend")
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		assert.Empty(t, b.hedges, "requests sent again while the backend was answering the ones before them")
+	})
+}
+
+// TestBatchOutlivesItsMostUrgentLease: a lease near its deadline and one with time left go out
+// in one batch, whose answer comes after the first lease's deadline but well before the
+// second's. The batch must not be cancelled at the first deadline: that failed the whole
+// batch — with a Guard that is behind, thousands of leases sent nearest-deadline first — for
+// the sake of one lease that ends anyway.
+func TestBatchOutlivesItsMostUrgentLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 600 * time.Millisecond
+		var first atomic.Pointer[[]string]
+		renew := func(ctx context.Context, batch []Request) ([]Result, []error) {
+			var names []string
+			for _, r := range batch {
+				names = append(names, r.Name)
+			}
+			first.CompareAndSwap(nil, &names)
+			res, errs := make([]Result, len(batch)), make([]error, len(batch))
+			select {
+			case <-time.After(300 * time.Millisecond):
+			case <-ctx.Done():
+				for i := range res {
+					res[i], errs[i] = Failed, ctx.Err()
+				}
+			}
+			return res, errs
+		}
+		s := New(renew, nil)
+		defer s.Close()
+		start := time.Now()
+		var mu sync.Mutex
+		var failed []error
+		var renewed int
+		var endedA, endedB []EndReason
+		a := &Lease{Name: "a", Token: "ta", Owner: &owner{ended: func(r EndReason, _ error) { mu.Lock(); endedA = append(endedA, r); mu.Unlock() }}}
+		b := &Lease{Name: "b", Token: "tb", Owner: &owner{
+			renewed: func(time.Time) { mu.Lock(); renewed++; mu.Unlock() },
+			failed:  func(err error) { mu.Lock(); failed = append(failed, err); mu.Unlock() },
+			ended:   func(r EndReason, _ error) { mu.Lock(); endedB = append(endedB, r); mu.Unlock() },
+		}}
+		// a: granted only 250 ms (a hand-over's short lease), due at 83 ms, deadline ≈ 242 ms;
+		// b: granted 500 ms, due at 166 ms — within the batch window of a's renewal.
+		s.Add(a, Grant{Start: start, HeldAt: start, Granted: 250 * time.Millisecond, Renew: ttl})
+		s.Add(b, Grant{Start: start, HeldAt: start, Granted: 500 * time.Millisecond, Renew: ttl})
+
+		time.Sleep(450 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		require.NotNil(t, first.Load())
+		require.Equal(t, []string{"a", "b"}, *first.Load(), "a and b went out in one batch")
+		assert.Equal(t, []EndReason{Expired}, endedA, "a ran out before the answer came")
+		assert.Empty(t, failed, "b's renewal failed with a's deadline")
+		assert.Positive(t, renewed, "b renewed by the batch's answer")
+		assert.Empty(t, endedB)
 	})
 }

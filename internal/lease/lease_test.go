@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type fakeBackend struct {
 	mu      sync.Mutex // protects calls and answer
 	calls   []call
-	answer  func(l *Lease) (Result, error)
+	answer  func(r Request) (Result, error)
 	blocked bool // never answer: wait for ctx
 }
 
@@ -32,11 +32,11 @@ type call struct {
 	names []string
 }
 
-func (f *fakeBackend) renew(ctx context.Context, batch []*Lease) ([]Result, []error) {
+func (f *fakeBackend) renew(ctx context.Context, batch []Request) ([]Result, []error) {
 	f.mu.Lock()
 	c := call{at: time.Now()}
-	for _, l := range batch {
-		c.names = append(c.names, l.Name)
+	for _, r := range batch {
+		c.names = append(c.names, r.Name)
 	}
 	f.calls = append(f.calls, c)
 	blocked, answer := f.blocked, f.answer
@@ -50,10 +50,10 @@ func (f *fakeBackend) renew(ctx context.Context, batch []*Lease) ([]Result, []er
 		}
 		return res, errs
 	}
-	for i, l := range batch {
+	for i, r := range batch {
 		res[i] = Renewed
 		if answer != nil {
-			res[i], errs[i] = answer(l)
+			res[i], errs[i] = answer(r)
 		}
 	}
 	return res, errs
@@ -67,8 +67,9 @@ func (f *fakeBackend) snapshot() []call {
 
 // ends collects the Ended calls of the leases it makes.
 type ends struct {
-	mu  sync.Mutex // protects got
-	got []end
+	mu    sync.Mutex // protects got and renew
+	got   []end
+	renew map[*Lease]time.Duration
 }
 
 type end struct {
@@ -78,12 +79,33 @@ type end struct {
 	err    error
 }
 
+// lease returns a lease that ends calls record: a watchdog lease renewed to ttl, or a fixed
+// lease for ttl 0.
 func (e *ends) lease(name string, ttl time.Duration) *Lease {
-	return &Lease{Name: name, Token: "t-" + name, TTL: ttl, Owner: &owner{ended: func(r EndReason, err error) {
+	l := &Lease{Name: name, Token: "t-" + name, Owner: &owner{ended: func(r EndReason, err error) {
 		e.mu.Lock()
 		e.got = append(e.got, end{name, time.Now(), r, err})
 		e.mu.Unlock()
 	}}}
+	e.mu.Lock()
+	if e.renew == nil {
+		e.renew = make(map[*Lease]time.Duration)
+	}
+	e.renew[l] = ttl
+	e.mu.Unlock()
+	return l
+}
+
+// add grants l a lease of granted, set by a request sent at start.
+func (e *ends) add(s *Scheduler, l *Lease, start time.Time, granted time.Duration) {
+	e.mu.Lock()
+	renew := e.renew[l]
+	e.mu.Unlock()
+	g := Grant{Start: start, HeldAt: start, Granted: granted, Renew: renew}
+	if renew == 0 {
+		g.Fixed = granted
+	}
+	s.Add(l, g)
 }
 
 // owner is an Owner made of optional functions.
@@ -113,6 +135,9 @@ func (e *ends) all() []end {
 	return append([]end(nil), e.got...)
 }
 
+// renewed is an Extend's request that the backend confirms.
+func renewed(context.Context, time.Duration) (Result, error) { return Renewed, nil }
+
 func TestRenewsEveryThirdOfTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 30 * time.Second
@@ -121,7 +146,7 @@ func TestRenewsEveryThirdOfTTL(t *testing.T) {
 		defer s.Close()
 		var e ends
 		start := time.Now()
-		s.Add(e.lease("a", ttl), start, ttl)
+		e.add(s, e.lease("a", ttl), start, ttl)
 
 		time.Sleep(100*time.Second + time.Millisecond)
 		calls := f.snapshot()
@@ -141,11 +166,11 @@ func TestBatchesLeasesThatAreDueSoon(t *testing.T) {
 		defer s.Close()
 		var e ends
 		start := time.Now()
-		s.Add(e.lease("a", ttl), start, ttl)
+		e.add(s, e.lease("a", ttl), start, ttl)
 		time.Sleep(2 * time.Second)
-		s.Add(e.lease("b", ttl), time.Now(), ttl)
+		e.add(s, e.lease("b", ttl), time.Now(), ttl)
 		time.Sleep(2 * time.Second)
-		s.Add(e.lease("c", ttl), time.Now(), ttl)
+		e.add(s, e.lease("c", ttl), time.Now(), ttl)
 		time.Sleep(7 * time.Second) // t = 11 s
 
 		calls := f.snapshot()
@@ -164,7 +189,7 @@ func TestEndsAtDeadlineWhenBackendNeverAnswers(t *testing.T) {
 		var e ends
 		start := time.Now()
 		l := e.lease("a", ttl)
-		s.Add(l, start, ttl)
+		e.add(s, l, start, ttl)
 		assert.Equal(t, start.Add(ttl-watchdog.Drift(ttl)), s.Deadline(l))
 
 		time.Sleep(ttl)
@@ -179,12 +204,12 @@ func TestEndsAtDeadlineWhenBackendNeverAnswers(t *testing.T) {
 func TestEndsAtOnceWhenNotHeld(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 3 * time.Second
-		f := &fakeBackend{answer: func(*Lease) (Result, error) { return NotHeld, nil }}
+		f := &fakeBackend{answer: func(Request) (Result, error) { return NotHeld, nil }}
 		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
-		s.Add(e.lease("a", ttl), start, ttl)
+		e.add(s, e.lease("a", ttl), start, ttl)
 		time.Sleep(ttl)
 		got := e.all()
 		require.Len(t, got, 1)
@@ -198,7 +223,7 @@ func TestRetriesTransientFailures(t *testing.T) {
 		const ttl = 3 * time.Second
 		boom := errors.New("connection refused")
 		var n atomic.Int32
-		f := &fakeBackend{answer: func(*Lease) (Result, error) {
+		f := &fakeBackend{answer: func(Request) (Result, error) {
 			if n.Add(1) <= 3 {
 				return Failed, boom
 			}
@@ -212,7 +237,7 @@ func TestRetriesTransientFailures(t *testing.T) {
 		l.Owner.(*owner).failed = func(error) { failures.Add(1) }
 		l.Owner.(*owner).renewed = func(time.Time) { renewals.Add(1) }
 		start := time.Now()
-		s.Add(l, start, ttl)
+		e.add(s, l, start, ttl)
 		time.Sleep(ttl/3 + 3*ttl/10 + time.Millisecond)
 
 		calls := f.snapshot()
@@ -231,12 +256,12 @@ func TestLastFailureIsReportedAtExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = time.Second
 		boom := errors.New("i/o timeout")
-		f := &fakeBackend{answer: func(*Lease) (Result, error) { return Failed, boom }}
+		f := &fakeBackend{answer: func(Request) (Result, error) { return Failed, boom }}
 		s := New(f.renew, nil)
 		defer s.Close()
 		var e ends
 		start := time.Now()
-		s.Add(e.lease("a", ttl), start, ttl)
+		e.add(s, e.lease("a", ttl), start, ttl)
 		time.Sleep(2 * ttl)
 		got := e.all()
 		require.Len(t, got, 1)
@@ -255,16 +280,19 @@ func TestFixedLeaseIsOnlyWatched(t *testing.T) {
 		var e ends
 		start := time.Now()
 		l := e.lease("a", 0)
-		s.Add(l, start, lease)
+		e.add(s, l, start, lease)
 		time.Sleep(2 * time.Second)
-		require.True(t, s.SetDeadline(l, time.Now(), lease), "extend by hand")
+		res, err := s.Extend(t.Context(), l, lease, renewed)
+		require.NoError(t, err, "extend by hand")
+		require.Equal(t, Renewed, res)
 		time.Sleep(10 * time.Second)
 		assert.Empty(t, f.snapshot(), "a fixed lease is never renewed")
 		got := e.all()
 		require.Len(t, got, 1)
 		assert.Equal(t, Expired, got[0].reason)
 		assert.Equal(t, 2*time.Second+lease-watchdog.Drift(lease), got[0].at.Sub(start))
-		assert.False(t, s.SetDeadline(l, time.Now(), lease), "an ended lease cannot be extended")
+		_, err = s.Extend(t.Context(), l, lease, renewed)
+		assert.ErrorIs(t, err, ErrEnded, "an ended lease cannot be extended")
 	})
 }
 
@@ -278,10 +306,10 @@ func TestRemoveStopsCallbacks(t *testing.T) {
 		var renewed atomic.Int32
 		l := e.lease("a", ttl)
 		l.Owner.(*owner).renewed = func(time.Time) { renewed.Add(1) }
-		s.Add(l, time.Now(), ttl)
+		e.add(s, l, time.Now(), ttl)
 		time.Sleep(ttl/3 + time.Millisecond)
 		require.EqualValues(t, 1, renewed.Load())
-		s.Remove(l)
+		s.Release(l)
 		time.Sleep(5 * ttl)
 		assert.EqualValues(t, 1, renewed.Load())
 		assert.Empty(t, e.all())
@@ -295,7 +323,7 @@ func TestCloseWaitsForRenewalInFlight(t *testing.T) {
 		f := &fakeBackend{blocked: true}
 		s := New(f.renew, nil)
 		var e ends
-		s.Add(e.lease("a", ttl), time.Now(), ttl)
+		e.add(s, e.lease("a", ttl), time.Now(), ttl)
 		time.Sleep(ttl/3 + time.Second)
 		require.Len(t, f.snapshot(), 1, "a renewal is in flight")
 		s.Close() // must cancel and wait for it; goleak and synctest check nothing is left

@@ -23,8 +23,9 @@ type Namer[T any] struct {
 
 // Bind parses template and binds each placeholder key to its source with bind, which returns
 // an error for a key it cannot bind. It returns a *guard.NameError whose Name is the template
-// and whose Reason is the syntax error with its byte offset, or "{key}: " and bind's error; for
-// a template without placeholders, guard.CheckName's error for its name.
+// and whose Reason is the syntax error with its byte offset, "{key}: " and bind's error, or
+// that no name of the template fits in guard.MaxNameLen; for a template without placeholders,
+// guard.CheckName's error for its name.
 func Bind[T any](template string, bind func(key string) (Source[T], error)) (*Namer[T], error) {
 	bad := func(reason string) (*Namer[T], error) {
 		return nil, &guard.NameError{Name: template, Reason: reason}
@@ -45,6 +46,10 @@ func Bind[T any](template string, bind func(key string) (Source[T], error)) (*Na
 		}
 		return n, nil
 	}
+	if m := tmpl.MinLen(); m > guard.MaxNameLen {
+		return bad(fmt.Sprintf("no name fits in %d bytes: the literal text and one byte for each placeholder make %d",
+			guard.MaxNameLen, m))
+	}
 	n.sources = make([]Source[T], len(n.keys))
 	for i, key := range n.keys {
 		src, err := bind(key)
@@ -60,19 +65,26 @@ func Bind[T any](template string, bind func(key string) (Source[T], error)) (*Na
 func (n *Namer[T]) String() string { return n.tmpl.String() }
 
 // Name renders the lock name of x. It returns a *guard.NameError whose Name is the template
-// and whose Reason is "{key}: " and a source's error or "empty value"; or guard.CheckName's
-// error for a name that is too long.
+// and whose Reason is "{key}: " and a source's error or "empty value", or that the name would
+// be longer than guard.MaxNameLen — which it tells from the values' lengths before rendering
+// them when it can, so that a huge value costs its length check, not its escaping. The error
+// never carries the values.
 func (n *Namer[T]) Name(x T) (string, error) {
 	if n.sources == nil {
 		return n.fixed, nil
 	}
 	vals := make([]string, len(n.sources))
+	size := n.tmpl.MinLen() - len(vals) // a value renders at least as long as it is
 	for i, src := range n.sources {
 		v, err := src(x)
 		if err != nil {
-			return "", &guard.NameError{Name: n.tmpl.String(), Reason: fmt.Sprintf("{%s}: %v", n.keys[i], err)}
+			return "", n.bad(fmt.Sprintf("{%s}: %v", n.keys[i], err))
 		}
 		vals[i] = v
+		size += len(v)
+	}
+	if size > guard.MaxNameLen {
+		return "", n.tooLong(size)
 	}
 	name, err := n.tmpl.Render(vals)
 	if err != nil {
@@ -80,12 +92,22 @@ func (n *Namer[T]) Name(x T) (string, error) {
 		if ve, ok := errors.AsType[*ValueError](err); ok {
 			reason = fmt.Sprintf("{%s}: %s", ve.Key, ve.Reason)
 		}
-		return "", &guard.NameError{Name: n.tmpl.String(), Reason: reason}
+		return "", n.bad(reason)
 	}
-	if err := guard.CheckName(name); err != nil {
-		return "", err
+	if len(name) > guard.MaxNameLen {
+		return "", n.tooLong(len(name))
 	}
 	return name, nil
+}
+
+// bad returns the *guard.NameError of a name of n's template that cannot be made.
+func (n *Namer[T]) bad(reason string) error {
+	return &guard.NameError{Name: n.tmpl.String(), Reason: reason}
+}
+
+// tooLong returns the error of a name of at least size bytes.
+func (n *Namer[T]) tooLong(size int) error {
+	return n.bad(fmt.Sprintf("the name would be %d bytes or more, more than %d", size, guard.MaxNameLen))
 }
 
 // CallOptions checks opts, the options a decorator or a middleware was built with, and

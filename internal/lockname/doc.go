@@ -12,20 +12,25 @@
 //
 // # Injectivity
 //
-// Render percent-encodes ("%XX", upper-case hex, byte by byte) every rune of a value that is
+// Render copies a value's letters, marks, decimal digits and "-._~" (RFC 3986's unreserved
+// marks) — the word runes — and percent-encodes ("%XX", upper-case hex, byte by byte) every
+// other rune and every byte that is not valid UTF-8. The rule is the same for every template,
+// so "orders:{ID}" with ID "A-17" renders "orders:A-17" and with "7:items" renders
+// "orders:7%3Aitems". Parse keeps literal text to the other side of it: literal text holds no
+// '%', and a placeholder stands between separators (runes values never hold unescaped) or at
+// an end of the template — "a:{x}:b" parses, "a{x}", "{x}-b" and "{A}.{B}" do not, nor do
+// two placeholders with no literal text between them. Render rejects empty values.
 //
-//   - '%', '{' or '}' (the escape character and Redis Cluster hash-tag braces);
-//   - a control character (U+0000–U+001F, U+007F–U+009F) or a byte that is not valid UTF-8;
-//   - any rune of the template's literal text that is not a letter or a digit (its
-//     separators, such as ':' '.' '/' ' ');
-//   - the first rune of each literal that stands between two placeholders, even a letter.
+// A name therefore splits into separator runs and words (runs of word runes and escapes) in
+// one way, whatever template rendered it, and each value is exactly one of its words. So:
 //
-// Everything else is copied unchanged, so "orders:{ID}" with ID "A-17" renders "orders:A-17".
-// Because the first rune of every inner literal never occurs unescaped in a value, a rendered
-// name splits back into its values in exactly one way (Values does it, reading "%XX" as one
-// unit): two different value tuples never render the same name. Parse rejects what would
-// break that: placeholders with no literal text between them ("{a}{b}"), and inner literal
-// text that starts with '%', the escape character. Render rejects empty values.
+//   - within a template, two different value tuples never render the same name; Values
+//     parses a name back into its values;
+//   - two templates render the same name only if they have the same separators in the same
+//     places and, word for word, the same literal text wherever both have literal text:
+//     "repo:{Owner}" and "repo:{Owner}/{Repo}" never share a name, and neither do
+//     "digest:{T}" and "digest:{T}:weekly"; "tenant:{T}:import:{K}" and "tenant:{T}:{U}:{K}"
+//     share the names whose U is "import".
 //
 // Rendered names are valid UTF-8 and contain no control characters and no braces besides the
 // template's own.

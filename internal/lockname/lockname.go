@@ -13,10 +13,6 @@ type Template struct {
 	src  string
 	lits []string // len(keys)+1 literal texts, braces unescaped; inner ones are never empty
 	keys []string // placeholder keys, in order
-
-	// The escape set: runes of a value that Render percent-encodes (see the package doc).
-	ascii [utf8.RuneSelf]bool
-	runes []rune // non-ASCII members; short (literal text is short)
 }
 
 // SyntaxError reports a template that does not parse.
@@ -45,8 +41,8 @@ func (e *ValueError) Error() string {
 // Parse compiles a template: literal text with "{key}" placeholders, "{{" and "}}" standing for
 // literal braces. It rejects an empty template, invalid UTF-8, control characters, an
 // unmatched or nested brace, an empty key or one with spaces or control characters, two
-// placeholders with no literal text between them, and literal text between placeholders that
-// starts with '%'. It returns a *SyntaxError.
+// placeholders with no literal text between them, '%' in literal text, and a placeholder that
+// touches a word rune of literal text (see the package doc). It returns a *SyntaxError.
 func Parse(src string) (*Template, error) {
 	fail := func(off int, format string, args ...any) (*Template, error) {
 		return nil, &SyntaxError{Template: src, Offset: off, Msg: fmt.Sprintf(format, args...)}
@@ -59,7 +55,7 @@ func Parse(src string) (*Template, error) {
 	}
 	t := &Template{src: src}
 	var lit strings.Builder
-	litStart := 0 // offset of lit in src
+	var bounds [][2]int // the offsets in src of each placeholder's '{' and of the byte after its '}'
 	for i := 0; i < len(src); {
 		switch c := src[i]; {
 		case c == '{' && strings.HasPrefix(src[i:], "{{"):
@@ -88,19 +84,18 @@ func Parse(src string) (*Template, error) {
 			if len(t.keys) > 0 && lit.Len() == 0 {
 				return fail(i, "placeholders {%s} and {%s} need literal text between them", t.keys[len(t.keys)-1], key)
 			}
-			if len(t.keys) > 0 && strings.HasPrefix(lit.String(), "%") {
-				// '%' starts the escapes inside values, so it cannot mark where a value ends.
-				return fail(litStart, "the literal text between {%s} and {%s} must not start with '%%'", t.keys[len(t.keys)-1], key)
-			}
 			t.lits = append(t.lits, lit.String())
 			t.keys = append(t.keys, key)
 			lit.Reset()
+			bounds = append(bounds, [2]int{i, i + end + 2})
 			i += end + 2
-			litStart = i
 		default:
 			r, n := utf8.DecodeRuneInString(src[i:])
-			if unicode.IsControl(r) {
+			switch {
+			case unicode.IsControl(r):
 				return fail(i, "control character %U in literal text", r)
+			case r == '%':
+				return fail(i, "'%%' in literal text (it starts the escapes in values)")
 			}
 			lit.WriteString(src[i : i+n])
 			i += n
@@ -108,34 +103,41 @@ func Parse(src string) (*Template, error) {
 	}
 	t.lits = append(t.lits, lit.String())
 
-	for _, l := range t.lits {
-		for _, r := range l {
-			if !unicode.IsLetter(r) && !unicode.IsDigit(r) {
-				t.addEscape(r)
-			}
+	// Each placeholder stands between separators, or at an end of the template: a value is
+	// then always one whole word of the name (see the package doc).
+	for k, b := range bounds {
+		if r, n := utf8.DecodeLastRuneInString(src[:b[0]]); n > 0 && kept(r) {
+			return fail(b[0]-n, "%q right before {%s}: values keep letters, digits and %q, so it cannot "+
+				"mark where the value starts; put a separator such as ':' or '/' between them", r, t.keys[k], keptPunct)
+		}
+		if r, n := utf8.DecodeRuneInString(src[b[1]:]); n > 0 && kept(r) {
+			return fail(b[1], "%q right after {%s}: values keep letters, digits and %q, so it cannot "+
+				"mark where the value ends; put a separator such as ':' or '/' between them", r, t.keys[k], keptPunct)
 		}
 	}
-	for i := 1; i < len(t.lits)-1; i++ { // inner literals, never empty
-		r, _ := utf8.DecodeRuneInString(t.lits[i])
-		t.addEscape(r)
-	}
-	for _, r := range "%{}" {
-		t.addEscape(r)
-	}
-	for c := range rune(0x20) {
-		t.addEscape(c)
-	}
-	t.addEscape(0x7f)
 	return t, nil
 }
 
-func (t *Template) addEscape(r rune) {
-	switch {
-	case r < utf8.RuneSelf:
-		t.ascii[r] = true
-	case !slices.Contains(t.runes, r):
-		t.runes = append(t.runes, r)
+// keptPunct is the punctuation that values keep: RFC 3986's unreserved marks.
+const keptPunct = "-._~"
+
+// keptASCII says which ASCII bytes values keep: letters, digits and keptPunct.
+var keptASCII = func() (kept [utf8.RuneSelf]bool) {
+	for c := range byte(utf8.RuneSelf) {
+		kept[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			strings.IndexByte(keptPunct, c) >= 0
 	}
+	return kept
+}()
+
+// kept reports whether Render copies r from a value unchanged: a letter, a mark, a decimal
+// digit, or one of keptPunct. These are the word runes of a name; every other rune separates
+// words, and a value holds it only escaped.
+func kept(r rune) bool {
+	if r < utf8.RuneSelf {
+		return keptASCII[r]
+	}
+	return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.IsDigit(r)
 }
 
 // String returns the template's source text.
@@ -143,6 +145,16 @@ func (t *Template) String() string { return t.src }
 
 // Keys returns the placeholder keys in order of appearance, as written between the braces.
 func (t *Template) Keys() []string { return slices.Clone(t.keys) }
+
+// MinLen returns the length in bytes of the shortest name that t renders: its literal text,
+// and one byte for each placeholder. A value renders at least as long as it is.
+func (t *Template) MinLen() int {
+	n := len(t.keys)
+	for _, l := range t.lits {
+		n += len(l)
+	}
+	return n
+}
 
 // Render fills the placeholders with vals, one per key in order, each escaped as the package
 // doc says. An empty value is a *ValueError. Render does not bound the length of the result;
@@ -168,26 +180,26 @@ func (t *Template) Render(vals []string) (string, error) {
 	return b.String(), nil
 }
 
-// escape writes v to b, percent-encoding the runes of the escape set, control characters and
+// escape writes v to b, percent-encoding every byte of each rune that values do not keep, and
 // bytes that are not valid UTF-8.
 func (t *Template) escape(b *strings.Builder, v string) {
 	for i := 0; i < len(v); {
 		if c := v[i]; c < utf8.RuneSelf {
-			if t.ascii[c] {
-				writePercent(b, c)
-			} else {
+			if keptASCII[c] {
 				b.WriteByte(c)
+			} else {
+				writePercent(b, c)
 			}
 			i++
 			continue
 		}
 		r, n := utf8.DecodeRuneInString(v[i:])
-		if (r == utf8.RuneError && n == 1) || unicode.IsControl(r) || slices.Contains(t.runes, r) {
+		if (r != utf8.RuneError || n > 1) && kept(r) {
+			b.WriteString(v[i : i+n])
+		} else {
 			for j := range n {
 				writePercent(b, v[i+j])
 			}
-		} else {
-			b.WriteString(v[i : i+n])
 		}
 		i += n
 	}

@@ -27,7 +27,8 @@ func TestParse(t *testing.T) {
 		{"hash tag around key", "{{tenant:{T}}}:job", []string{"T"}, []string{"{tenant:", "}:job"}},
 		{"escaped brace after key", "{a}{{", []string{"a"}, []string{"", "{"}},
 		{"closing braces after key", "{a}}}", []string{"a"}, []string{"", "}"}},
-		{"letter separator", "a{x}b{y}", []string{"x", "y"}, []string{"a", "b", ""}},
+		{"separators", "a/{x}=>{y}", []string{"x", "y"}, []string{"a/", "=>", ""}},
+		{"words between separators", "tenant:{T}:re-import:{K}", []string{"T", "K"}, []string{"tenant:", ":re-import:", ""}},
 		{"unicode", "заказ→{id}", []string{"id"}, []string{"заказ→", ""}},
 	}
 	for _, tt := range tests {
@@ -62,7 +63,18 @@ func TestParseErrors(t *testing.T) {
 		{"control in literal", "a\nb:{x}", "control character"},
 		{"invalid utf8", "a\xff:{x}", "not valid UTF-8"},
 		{"single brace after key", "{a}}", "unmatched '}'"},
-		{"percent separator", "{a}%{b}", "must not start with '%'"},
+		{"percent separator", "{a}%{b}", "'%' in literal text"},
+		{"percent in literal", "100%:{x}", "'%' in literal text"},
+		{"letter before", "a{x}", "'a' right before {x}"},
+		{"letter after", "{x}b", "'b' right after {x}"},
+		{"letter between", "k:{x}b{y}", "'b' right after {x}"},
+		{"digit after", "k:{x}1", "'1' right after {x}"},
+		{"dot between", "{A}.{B}", "'.' right after {A}"},
+		{"dash after", "digest:{Tenant}-weekly", "'-' right after {Tenant}"},
+		{"underscore before", "a_{x}", "'_' right before {x}"},
+		{"tilde before", "a~{x}", "'~' right before {x}"},
+		{"non-ascii letter", "k:{a}é", "'é' right after {a}"},
+		{"combining mark", "k:e\u0301{a}", "'\u0301' right before {a}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -91,9 +103,13 @@ func TestRender(t *testing.T) {
 		{"non-ascii kept", "orders:{ID}", []string{"zürich"}, "orders:zürich"},
 		{"C1 control", "orders:{ID}", []string{"a\u0085"}, "orders:a%C2%85"},
 		{"letters of literal kept", "orders:{ID}", []string{"orders"}, "orders:orders"},
-		{"dot pair 1", "{A}.{B}", []string{"x.y", "z"}, "x%2Ey.z"},
-		{"dot pair 2", "{A}.{B}", []string{"x", "y.z"}, "x.y%2Ez"},
-		{"letter separator", "a{x}b{y}", []string{"1b2", "3"}, "a1%622b3"},
+		{"separator pair 1", "{A}:{B}", []string{"x:y", "z"}, "x%3Ay:z"},
+		{"separator pair 2", "{A}:{B}", []string{"x", "y:z"}, "x:y%3Az"},
+		{"kept punctuation", "k:{x}", []string{"a-b.c_d~e"}, "k:a-b.c_d~e"},
+		{"other punctuation", "k:{x}", []string{"a/b@c+d e"}, "k:a%2Fb%40c%2Bd%20e"},
+		{"separators of other templates", "k:{x}", []string{"a→b"}, "k:a%E2%86%92b"},
+		{"combining mark kept", "k:{x}", []string{"é"}, "k:é"},
+		{"replacement character", "k:{x}", []string{"a�"}, "k:a%EF%BF%BD"},
 		{"unicode separator", "{a}→{b}", []string{"x→y", "é"}, "x%E2%86%92y→é"},
 		{"literal only", "report", nil, "report"},
 		{"hash tag template", "{{tenant:{T}}}:job", []string{"acme"}, "{tenant:acme}:job"},
@@ -113,7 +129,7 @@ func TestRender(t *testing.T) {
 }
 
 func TestRenderErrors(t *testing.T) {
-	tmpl, err := Parse("{A}.{B}")
+	tmpl, err := Parse("{A}:{B}")
 	require.NoError(t, err)
 
 	_, err = tmpl.Render([]string{"x", ""})
@@ -126,17 +142,18 @@ func TestRenderErrors(t *testing.T) {
 }
 
 func TestValuesRejects(t *testing.T) {
-	tmpl, err := Parse("p:{A}.{B}")
+	tmpl, err := Parse("p:{A}:{B}")
 	require.NoError(t, err)
 	for _, name := range []string{
-		"q:x.y",    // prefix
+		"q:x:y",    // prefix
 		"p:x",      // no separator
-		"p:x.y.z",  // unescaped separator in the last value
-		"p:x%2.y",  // short escape
-		"p:x%zz.y", // bad hex
-		"p:x%41.y", // escape of a rune Render keeps
-		"p:.y",     // empty value
-		"p:x%2ey",  // lower-case hex is not what Render writes
+		"p:x:y:z",  // unescaped separator in the last value
+		"p:x%3:y",  // short escape
+		"p:x%zz:y", // bad hex
+		"p:x%41:y", // escape of a rune Render keeps
+		"p::y",     // empty value
+		"p:x%3ay",  // lower-case hex is not what Render writes
+		"p:x/y:z",  // a separator that values never hold unescaped
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := tmpl.Values(name)
@@ -150,8 +167,8 @@ func TestValuesRejects(t *testing.T) {
 // beyond the template's own.
 func FuzzRender(f *testing.F) {
 	seeds := []struct{ src, a1, b1, a2, b2 string }{
-		{"{A}.{B}", "x.y", "z", "x", "y.z"}, // the annotation libraries' collision
-		{"a{x}b{y}", "1b2", "3", "1", "2b3"},
+		{"{A}:{B}", "x:y", "z", "x", "y:z"}, // the annotation libraries' collision
+		{"a/{x}/b/{y}", "1/b/2", "3", "1", "2/b/3"},
 		{"{x}:{y}", "a%3Ab", "c", "a", "b:c"},
 		{"{x}:{y}", "a:", "b", "a", ":b"},
 		{"orders:{ID}", "{tag}", "", "%7Btag%7D", ""},
@@ -161,10 +178,10 @@ func FuzzRender(f *testing.F) {
 		{"{{{a}}}:{b}", "}", "{", "}:", "{"},
 		{"{a}%{b}", "%", "%%", "%%", "%"},
 		{"{a}:%25{b}", "x%", "y", "x", "%y"},
-		{"{a}B{b}", "\xbb", "B", "\xbbB", "x"},
-		{"{a}1{b}", "\x11", "1", "x", "11"},
-		{"{a}.{b}.{c}", "x", "y.z", "x.y", "z"},
-		{"{a}ab{b}", "xa", "bc", "x", "abc"},
+		{"{a}:B:{b}", "\xbb", "B", "\xbb:B", "x"},
+		{"{a}:1:{b}", "\x11", "1", "x", "1:1"},
+		{"{a}:{b}:{c}", "x", "y:z", "x:y", "z"},
+		{"{a}/ab/{b}", "x/a", "b/c", "x", "ab/c"},
 		{"k:{a}", "\x00", "", "\u0000", ""},
 		{"k:{a}", "\xff", "", "%FF", ""},
 	}
