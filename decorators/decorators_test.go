@@ -38,6 +38,7 @@ func runSuite(t *testing.T, newGuard guardtest.Factory) {
 	t.Run("RenderErrors", func(t *testing.T) { testRenderErrors(t, newGuard) })
 	t.Run("ScheduledJob", func(t *testing.T) { testScheduledJob(t, newGuard) })
 	t.Run("Batch", func(t *testing.T) { testBatch(t, newGuard) })
+	runPrimitives(t, newGuard)
 }
 
 type Tenant struct{ ID string }
@@ -239,10 +240,10 @@ func testInjective(t *testing.T, newGuard guardtest.Factory) {
 	p := prefix(t)
 	hold, release := make(chan struct{}), make(chan struct{})
 	names := make(chan string, 2)
-	f := decorators.MustFunc(g, p+"{A}.{B}", func(ctx context.Context, v Pair) (struct{}, error) {
+	f := decorators.MustFunc(g, p+"{A}:{B}", func(ctx context.Context, v Pair) (struct{}, error) {
 		l, _ := guard.FromContext(ctx)
 		names <- l.Name()
-		if v.A == "x.y" {
+		if v.A == "x:y" {
 			close(hold)
 			select {
 			case <-release:
@@ -253,18 +254,18 @@ func testInjective(t *testing.T, newGuard guardtest.Factory) {
 	})
 	done := make(chan error, 1)
 	go func() {
-		_, err := f(t.Context(), Pair{A: "x.y", B: "z"})
+		_, err := f(t.Context(), Pair{A: "x:y", B: "z"})
 		done <- err
 	}()
 	<-hold
-	// ("x.y","z") is held; ("x","y.z") must be another lock.
-	_, err := f(t.Context(), Pair{A: "x", B: "y.z"})
+	// ("x:y","z") is held; ("x","y:z") must be another lock.
+	_, err := f(t.Context(), Pair{A: "x", B: "y:z"})
 	require.NoError(t, err)
 	close(release)
 	require.NoError(t, <-done)
 	n1, n2 := <-names, <-names
 	assert.NotEqual(t, n1, n2)
-	assert.ElementsMatch(t, []string{p + "x%2Ey.z", p + "x.y%2Ez"}, []string{n1, n2})
+	assert.ElementsMatch(t, []string{p + "x%3Ay:z", p + "x:y%3Az"}, []string{n1, n2})
 }
 
 func testReentrant(t *testing.T, newGuard guardtest.Factory) {
@@ -329,7 +330,8 @@ func testLeaseExpired(t *testing.T, newGuard guardtest.Factory) {
 func testRenderErrors(t *testing.T, newGuard guardtest.Factory) {
 	g := newGuard(t)
 	var calls atomic.Int32
-	f := decorators.MustFunc(g, prefix(t)+"tenant:{Tenant.ID}:{Labels.region}", func(ctx context.Context, o Order) (int, error) {
+	tmpl := prefix(t) + "tenant:{Tenant.ID}:{Labels.region}"
+	f := decorators.MustFunc(g, tmpl, func(ctx context.Context, o Order) (int, error) {
 		calls.Add(1)
 		return 0, nil
 	})
@@ -351,6 +353,8 @@ func testRenderErrors(t *testing.T, newGuard guardtest.Factory) {
 			var ne *guard.NameError
 			require.ErrorAs(t, err, &ne)
 			assert.Contains(t, ne.Reason, tt.reason)
+			assert.Equal(t, tmpl, ne.Name, "the template, as docs/templates.md says")
+			assert.NotContains(t, err.Error(), "xxxx", "the error does not carry the argument's data")
 		})
 	}
 	assert.Zero(t, calls.Load(), "fn must not run without its lock")

@@ -7,7 +7,8 @@
 //
 // There is one generic shape, func(context.Context, A) (R, error) — Func and MustFunc — and one
 // for worker functions with a fixed lock name, func(context.Context) error — Job and MustJob.
-// Pack several arguments in a struct to use more than one.
+// Pack several arguments in a struct to use more than one. FuncAll and MustFuncAll lock several
+// names rendered from one argument.
 //
 // # Templates
 //
@@ -29,11 +30,14 @@
 // type implements fmt.Stringer. Structs, slices, maps and interfaces without those methods are
 // rejected at construction: name one of their fields instead.
 //
-// Values are escaped so that rendering is injective: with "{A}.{B}", (A "x.y", B "z") and
-// (A "x", B "y.z") get different names. A call whose value is empty, or reached through a nil
-// pointer or a missing map key, fails with a *guard.NameError and does not run the function;
-// so does a rendered name longer than guard.MaxNameLen (names are never cut). The escaping
-// rules are in docs/templates.md.
+// Values are escaped so that rendering is injective: with "{A}:{B}", (A "x:y", B "z") and
+// (A "x", B "y:z") get different names, and templates with different separators never share
+// a name. A call whose value is empty, or reached through a nil pointer (one held in an
+// interface field too) or a missing map key, fails with a *guard.NameError and does not run
+// the function; so does a value whose IsZero method reports true (the zero time.Time), a
+// MarshalText, String or IsZero method that panics, and a rendered name longer than
+// guard.MaxNameLen (names are never cut). Zero numbers and false are values. The escaping rules,
+// and why zero numbers are kept, are in the [templates guide].
 //
 // # Calls
 //
@@ -52,16 +56,43 @@
 // returns: when the lock was lost while the function ran, or found gone at release, the error
 // matches guard.ErrLockLost or guard.ErrLeaseExpired even if the function returned nil; a
 // release that fails for another reason (the backend went away) is not returned, since the
-// work is done, and the observer hears of it. docs/semantics.md ("Cancellation and release")
-// says why.
+// work is done, and the observer hears of it. The [semantics guide] ("Cancellation and
+// release") says why.
+//
+// # Permits, readers and writers, several names
+//
+// By default a call holds the rendered name's lock: one call per name at a time. Options of
+// this package choose another of guard's primitives on the same name, in the same option list:
+//
+//	importTenant := decorators.MustFunc(g, "tenant:{Tenant}:import", svc.Import,
+//		decorators.Permits(3)) // up to 3 imports per tenant at once
+//	getDoc := decorators.MustFunc(g, "doc:{.}", svc.Get, decorators.Read())
+//	putDoc := decorators.MustFunc(g, "doc:{ID}", svc.Put, decorators.Write())
+//
+// Permits(n) holds one of n permits of a guard.Semaphore; Read and Write hold a side of a
+// guard.RWMutex — readers together, a writer alone. Each needs a backend with shared holds
+// (guard.Sharing): Func and Job refuse them otherwise. FuncAll takes several templated names,
+// all or none, in one canonical order (guard.Guard.AcquireAll):
+//
+//	transfer := decorators.MustFuncAll(g, []string{"account:{From}", "account:{To}"}, svc.Transfer)
+//
+// A busy call returns a *guard.BusyError whose Kind says what it asked for: guard.KindPermit
+// when every permit was taken (an HTTP service answers 429 Too Many Requests), guard.KindRead
+// or guard.KindWrite for a side, guard.KindMutex for a lock (423 Locked). The [primitives
+// guide] says which primitive fits which job, and what each guarantees.
 //
 // # Scheduled jobs and batches
 //
 // A job that every instance of a service runs on the same schedule runs once per tick when
 // it is decorated with guard.MinHold(d): the first instance takes the lock, and the lock
 // outlives a fast job for d, so the other instances, whose timers fire a little later or whose
-// clocks are skewed, find it busy. Make d half the schedule's period (docs/scheduling.md has
-// the rule, and adapters for gocron and robfig/cron: packages gocronlock and cronlock). A
+// clocks are skewed, find it busy. Make d half the schedule's period (the [scheduling guide]
+// has the rule, and adapters for gocron and robfig/cron: packages gocronlock and cronlock). A
 // batch whose items each take their own lock ("task:{ID}") is processed once per item across
 // instances.
+//
+// [templates guide]: https://github.com/guardlock/guard/blob/main/docs/templates.md
+// [semantics guide]: https://github.com/guardlock/guard/blob/main/docs/semantics.md
+// [scheduling guide]: https://github.com/guardlock/guard/blob/main/docs/scheduling.md
+// [primitives guide]: https://github.com/guardlock/guard/blob/main/docs/primitives.md
 package decorators

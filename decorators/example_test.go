@@ -113,3 +113,55 @@ func ExampleFunc_batch() {
 	fmt.Println(processed)
 	// Output: map[0:1 1:1 2:1]
 }
+
+type Import struct{ Tenant, File string }
+
+// At most two imports per tenant run at once, across every instance of the service.
+func ExamplePermits() {
+	g := guard.New(memstore.New())
+	defer g.Close(context.Background())
+	ctx := context.Background()
+
+	importFile := decorators.MustFunc(g, "tenant:{Tenant}:import",
+		func(ctx context.Context, im Import) (string, error) {
+			l, _ := guard.FromContext(ctx)
+			return fmt.Sprintf("imported %s holding a %s of %s", im.File, l.Kind(), l.Name()), nil
+		}, decorators.Permits(2))
+
+	// Two imports of acme are running elsewhere.
+	sem, _ := g.Semaphore("tenant:acme:import", 2)
+	p1, _ := sem.TryAcquire(ctx)
+	p2, _ := sem.TryAcquire(ctx)
+	_, err := importFile(ctx, Import{Tenant: "acme", File: "a.csv"})
+	var busy *guard.BusyError
+	if errors.As(err, &busy) {
+		fmt.Println("busy:", busy.Kind) // an HTTP service would answer 429 Too Many Requests
+	}
+	p1.Release(ctx)
+	p2.Release(ctx)
+
+	fmt.Println(importFile(ctx, Import{Tenant: "acme", File: "a.csv"}))
+	// Output:
+	// busy: permit
+	// imported a.csv holding a permit of tenant:acme:import <nil>
+}
+
+type Transfer struct {
+	From, To string
+	Amount   int
+}
+
+// A transfer locks both of its accounts, or neither: a transfer the other way round at the
+// same time takes them in the same order, so the two never deadlock.
+func ExampleFuncAll() {
+	g := guard.New(memstore.New())
+	defer g.Close(context.Background())
+
+	transfer := decorators.MustFuncAll(g, []string{"account:{From}", "account:{To}"},
+		func(ctx context.Context, tr Transfer) (string, error) {
+			l, _ := guard.FromContext(ctx)
+			return fmt.Sprintf("moved %d holding %s", tr.Amount, l.Name()), nil
+		})
+	fmt.Println(transfer(context.Background(), Transfer{From: "42", To: "17", Amount: 10}))
+	// Output: moved 10 holding account:17, account:42 <nil>
+}

@@ -119,20 +119,86 @@ func (p *fieldPath) value(v reflect.Value) (string, error) {
 }
 
 // formatterFor returns how to format values of typ (see the package doc), or an error when
-// they cannot be formatted.
+// they cannot be formatted. A value whose IsZero method reports true is refused, as an empty
+// one is.
 func formatterFor(typ reflect.Type) (formatter, error) {
+	f, err := formatByType(typ)
+	if err != nil {
+		return nil, err
+	}
+	if typ.Kind() == reflect.Interface {
+		// The dynamic value is known only at the call: ask it then.
+		return func(v reflect.Value) (string, error) {
+			if err := dynamicZero(v); err != nil {
+				return "", err
+			}
+			return f(v)
+		}, nil
+	}
+	if typ.Kind() == reflect.Pointer || !implements(typ, isZeroerType) {
+		// A pointer's element is checked once the pointer is followed.
+		return f, nil
+	}
+	zero := call(typ, isZeroerType, func(x any) (string, error) {
+		if x.(isZeroer).IsZero() {
+			return "", errZeroValue
+		}
+		return "", nil
+	})
+	return func(v reflect.Value) (string, error) {
+		if _, err := zero(v); err != nil {
+			return "", err
+		}
+		return f(v)
+	}, nil
+}
+
+// dynamicZero returns errZeroValue when the value held by the interface v says by its IsZero
+// method that it is unset, and an error when that method panics. A nil, or a typed nil, is left
+// to the formatter, which says so.
+func dynamicZero(v reflect.Value) (err error) {
+	if v.IsNil() || !v.CanInterface() {
+		return nil
+	}
+	e := v.Elem()
+	if e.Kind() == reflect.Pointer && e.IsNil() {
+		return nil
+	}
+	z, ok := v.Interface().(isZeroer)
+	if !ok {
+		return nil
+	}
+	defer func() {
+		if recover() != nil {
+			err = fmt.Errorf("the IsZero method of %T panicked", z)
+		}
+	}()
+	if z.IsZero() {
+		return errZeroValue
+	}
+	return nil
+}
+
+// isZeroer is the method that says a value is unset: time.Time has it.
+type isZeroer interface{ IsZero() bool }
+
+var (
+	isZeroerType = reflect.TypeFor[isZeroer]()
+	errZeroValue = errors.New("zero value")
+	errNil       = errors.New("nil")
+)
+
+// formatByType returns how to format values of typ, whatever their value.
+func formatByType(typ reflect.Type) (formatter, error) {
+	marshal := func(x any) (string, error) {
+		b, err := x.(encoding.TextMarshaler).MarshalText()
+		return string(b), err
+	}
+	str := func(x any) (string, error) { return x.(fmt.Stringer).String(), nil }
 	switch {
-	case typ.Implements(textMarshalerType):
-		return viaInterface(typ, func(x any) (string, error) {
-			b, err := x.(encoding.TextMarshaler).MarshalText()
-			return string(b), err
-		}), nil
-	case typ.Kind() != reflect.Pointer && typ.Kind() != reflect.Interface && reflect.PointerTo(typ).Implements(textMarshalerType):
-		return viaPointer(typ, func(x any) (string, error) {
-			b, err := x.(encoding.TextMarshaler).MarshalText()
-			return string(b), err
-		}), nil
 	case typ.Kind() == reflect.Pointer:
+		// Followed first, even when the pointer has the element's MarshalText: the element's
+		// formatter asks its IsZero, so a pointer to a zero time is refused as the time is.
 		elem, err := formatterFor(typ.Elem())
 		if err != nil {
 			return nil, err
@@ -143,6 +209,8 @@ func formatterFor(typ reflect.Type) (formatter, error) {
 			}
 			return elem(v.Elem())
 		}, nil
+	case implements(typ, textMarshalerType):
+		return call(typ, textMarshalerType, marshal), nil
 	}
 	switch typ.Kind() {
 	case reflect.String:
@@ -164,41 +232,52 @@ func formatterFor(typ reflect.Type) (formatter, error) {
 			return func(v reflect.Value) (string, error) { return string(v.Bytes()), nil }, nil
 		}
 	}
-	switch {
-	case typ.Implements(stringerType):
-		return viaInterface(typ, func(x any) (string, error) { return x.(fmt.Stringer).String(), nil }), nil
-	case typ.Kind() != reflect.Interface && reflect.PointerTo(typ).Implements(stringerType):
-		return viaPointer(typ, func(x any) (string, error) { return x.(fmt.Stringer).String(), nil }), nil
+	if implements(typ, stringerType) {
+		return call(typ, stringerType, str), nil
 	}
 	return nil, fmt.Errorf("%s cannot be formatted: name a field of it, or give it a MarshalText or String method", typ)
 }
 
-// viaInterface calls f with the value, which implements f's interface; a nil interface or
-// pointer is an error.
-func viaInterface(typ reflect.Type, f func(any) (string, error)) formatter {
-	nilable := typ.Kind() == reflect.Interface || typ.Kind() == reflect.Pointer
-	return func(v reflect.Value) (string, error) {
-		if nilable && v.IsNil() {
-			return "", errors.New("nil")
-		}
-		if !v.CanInterface() {
-			return "", fmt.Errorf("%s is not accessible", typ)
-		}
-		return f(v.Interface())
+// implements reports whether typ, or its pointer for a type that is neither a pointer nor an
+// interface, implements iface.
+func implements(typ, iface reflect.Type) bool {
+	if typ.Implements(iface) {
+		return true
 	}
+	k := typ.Kind()
+	return k != reflect.Pointer && k != reflect.Interface && reflect.PointerTo(typ).Implements(iface)
 }
 
-// viaPointer calls f with a pointer to the value, whose pointer type implements f's interface.
-func viaPointer(typ reflect.Type, f func(any) (string, error)) formatter {
-	return func(v reflect.Value) (string, error) {
-		if v.CanAddr() && v.Addr().CanInterface() {
-			return f(v.Addr().Interface())
+// call returns a formatter that calls f with the value, as an any that implements iface: the
+// value itself when typ implements iface, else a pointer to it. A nil interface or pointer —
+// a typed nil in an interface too — is an error, and so is a panic in the method: a lock name
+// that cannot be made, never a panic out of the decorated call.
+func call(typ, iface reflect.Type, f func(any) (string, error)) formatter {
+	byPointer := !typ.Implements(iface)
+	isInterface := typ.Kind() == reflect.Interface
+	nilable := isInterface || typ.Kind() == reflect.Pointer
+	return func(v reflect.Value) (s string, err error) {
+		if nilable && v.IsNil() || isInterface && v.Elem().Kind() == reflect.Pointer && v.Elem().IsNil() {
+			return "", errNil
 		}
-		if !v.CanInterface() {
+		var x any
+		switch {
+		case byPointer && v.CanAddr() && v.Addr().CanInterface():
+			x = v.Addr().Interface()
+		case !v.CanInterface():
 			return "", fmt.Errorf("%s is not accessible", typ)
+		case byPointer:
+			p := reflect.New(typ)
+			p.Elem().Set(v)
+			x = p.Interface()
+		default:
+			x = v.Interface()
 		}
-		p := reflect.New(typ)
-		p.Elem().Set(v)
-		return f(p.Interface())
+		defer func() {
+			if recover() != nil {
+				s, err = "", fmt.Errorf("the %s method of %T panicked", iface.Method(0).Name, x)
+			}
+		}()
+		return f(x)
 	}
 }

@@ -2,9 +2,11 @@ package decorators_test
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +55,11 @@ type Job struct {
 	Named   map[Key]int
 	Any     any
 	Str     Stringer
+	Text    encoding.TextMarshaler
+	Acct    AccountID
+	WhenPtr *time.Time
+	AcctPtr *AccountID
+	Boom    Boom
 	private string
 	Nested  struct{ Deep struct{ Name string } }
 	List    []string
@@ -64,6 +71,28 @@ type Key string
 
 // Stringer is an interface type with a String method.
 type Stringer interface{ String() string }
+
+// AccountID is a number whose zero means "not set": its IsZero method says so.
+type AccountID int64
+
+func (a AccountID) IsZero() bool { return a == 0 }
+
+// OptID is a Stringer whose zero means "not set".
+type OptID int64
+
+func (o OptID) String() string { return strconv.FormatInt(int64(o), 10) }
+func (o OptID) IsZero() bool   { return o == 0 }
+
+// Boom's String method panics.
+type Boom struct{ s *string }
+
+func (b Boom) String() string { return *b.s }
+
+// zeroBoom's IsZero panics.
+type zeroBoom struct{}
+
+func (zeroBoom) String() string { return "z" }
+func (zeroBoom) IsZero() bool   { panic("boom") }
 
 func newMemGuard(t *testing.T) *guard.Guard {
 	g := guard.New(memstore.New())
@@ -103,15 +132,15 @@ func TestFormatting(t *testing.T) {
 		{"j:{On}", "j:true"},
 		{"j:{Level}", "j:3"},
 		{"j:{When}", "j:2024-05-01T12%3A30%3A00Z"},
-		{"j#{When}", "j#2024-05-01T12:30:00Z"},
+		{"j#{When}", "j#2024-05-01T12%3A30%3A00Z"}, // ':' is escaped whatever the template
 		{"j:{Addr}", "j:10.0.0.1"},
-		{"j:{Point}", "j:1,2"},
+		{"j:{Point}", "j:1%2C2"},
 		{"j:{Code}", "j:C9"},
 		{"j:{Raw}", "j:raw"},
 		{"j:{PtrID}", "j:7"},
 		{"j:{Tags.env}", "j:prod"},
 		{"j:{Named.k}", "j:5"},
-		{"j:{Str}", "j:3,4"},
+		{"j:{Str}", "j:3%2C4"},
 		{"j:{Region}", "j:eu"},
 		{"j:{Base.Region}", "j:eu"},
 		{"j:{Owner}", "j:ops"},
@@ -147,6 +176,58 @@ func TestFormatting(t *testing.T) {
 	})
 }
 
+// A value that cannot be formatted is a *guard.NameError, never a panic out of the decorated
+// call: a typed nil in an interface field, a method that panics.
+func TestFormattingFailures(t *testing.T) {
+	tests := []struct {
+		name, template string
+		job            Job
+		reason         string
+	}{
+		{"nil pointer as a Stringer", "j:{Str}", Job{Str: (*Point)(nil)}, "{Str}: nil"},
+		{"nil pointer as a TextMarshaler", "j:{Text}", Job{Text: (*Code)(nil)}, "{Text}: nil"},
+		{"String panics", "j:{Boom}", Job{}, "{Boom}: the String method of decorators_test.Boom panicked"},
+		{"zero time", "j:{When}", Job{}, "{When}: zero value"},
+		{"zero by IsZero", "j:{Acct}", Job{}, "{Acct}: zero value"},
+		{"zero by IsZero in an interface field", "j:{Str}", Job{Str: OptID(0)}, "{Str}: zero value"},
+		{"IsZero panics in an interface field", "j:{Str}", Job{Str: zeroBoom{}}, "{Str}: the IsZero method of decorators_test.zeroBoom panicked"},
+		{"pointer to a zero time", "j:{WhenPtr}", Job{WhenPtr: new(time.Time)}, "{WhenPtr}: zero value"},
+		{"pointer to zero by IsZero", "j:{AcctPtr}", Job{AcctPtr: new(AccountID)}, "{AcctPtr}: zero value"},
+		{"nil pointer to a time", "j:{WhenPtr}", Job{}, "{WhenPtr}: nil pointer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			require.NotPanics(t, func() { _, err = nameOf(t, tt.template, tt.job) })
+			require.ErrorIs(t, err, guard.ErrInvalidName)
+			var ne *guard.NameError
+			require.ErrorAs(t, err, &ne)
+			assert.Equal(t, tt.template, ne.Name)
+			assert.Equal(t, tt.reason, ne.Reason)
+		})
+	}
+	t.Run("pointer argument to a zero time", func(t *testing.T) {
+		var err error
+		require.NotPanics(t, func() { _, err = nameOf(t, "t:{.}", new(time.Time)) })
+		var ne *guard.NameError
+		require.ErrorAs(t, err, &ne)
+		assert.Equal(t, "{.}: zero value", ne.Reason)
+		when := time.Date(2024, 5, 1, 12, 30, 0, 0, time.UTC)
+		got, err := nameOf(t, "t:{.}", &when)
+		require.NoError(t, err)
+		assert.Equal(t, "t:2024-05-01T12%3A30%3A00Z", got)
+		acct := AccountID(7)
+		got, err = nameOf(t, "j:{AcctPtr}", Job{AcctPtr: &acct})
+		require.NoError(t, err)
+		assert.Equal(t, "j:7", got)
+	})
+	t.Run("zero numbers and bools are values", func(t *testing.T) {
+		got, err := nameOf(t, "j:{ID}:{On}:{Acct}", Job{Acct: 7})
+		require.NoError(t, err)
+		assert.Equal(t, "j:0:false:7", got)
+	})
+}
+
 func TestConstructionErrors(t *testing.T) {
 	g := newMemGuard(t)
 	fn := func(ctx context.Context, j Job) (int, error) { return 0, nil }
@@ -169,6 +250,8 @@ func TestConstructionErrors(t *testing.T) {
 		{"adjacent", "j:{ID}{Region}", "need literal text between them"},
 		{"empty", "", "empty template"},
 		{"control bytes", "j:\x00{ID}", "control character"},
+		{"no room for a value", strings.Repeat("j", guard.MaxNameLen) + ":{ID}", "no name fits in 1024 bytes"},
+		{"dot next to a placeholder", "j:{ID}.{Region}", "'.' right after {ID}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

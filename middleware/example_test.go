@@ -140,3 +140,71 @@ func ExampleLockFunc() {
 	fmt.Println(rec.Code, rec.Body)
 	// Output: 200 user:ann
 }
+
+// At most two imports per tenant at once: the third is answered 429 while two are inside.
+func ExamplePermits() {
+	g := guard.New(memstore.New())
+	defer g.Close(context.Background())
+
+	inside, leave := make(chan struct{}), make(chan struct{})
+	r := chi.NewRouter()
+	r.With(middleware.Lock(g, "import:{tenant}", middleware.Permits(2))).Post("/tenants/{tenant}/imports",
+		func(w http.ResponseWriter, r *http.Request) {
+			inside <- struct{}{}
+			<-leave // the import runs
+		})
+
+	done := make(chan int, 2)
+	for range 2 {
+		go func() {
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, httptest.NewRequest("POST", "/tenants/acme/imports", nil))
+			done <- rec.Code
+		}()
+		<-inside
+	}
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, httptest.NewRequest("POST", "/tenants/acme/imports", nil))
+	fmt.Println(rec.Code, rec.Header().Get("Content-Type"))
+	close(leave)
+	fmt.Println(<-done, <-done)
+	// Output:
+	// 429 application/problem+json
+	// 200 200
+}
+
+// Reads of one document run side by side; a write runs alone.
+func ExampleReadWrite() {
+	g := guard.New(memstore.New())
+	defer g.Close(context.Background())
+
+	doc := middleware.Lock(g, "doc:{id}", middleware.ReadWrite())
+	reading, leave := make(chan struct{}), make(chan struct{})
+	r := chi.NewRouter()
+	r.With(doc).Get("/docs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Has("slow") {
+			reading <- struct{}{}
+			<-leave
+		}
+	})
+	r.With(doc).Put("/docs/{id}", func(http.ResponseWriter, *http.Request) {})
+
+	slow := make(chan int)
+	go func() {
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest("GET", "/docs/7?slow", nil))
+		slow <- rec.Code
+	}()
+	<-reading
+	for _, method := range []string{"GET", "PUT"} { // while the slow read goes on
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest(method, "/docs/7", nil))
+		fmt.Println(method, rec.Code)
+	}
+	close(leave)
+	fmt.Println("slow GET", <-slow)
+	// Output:
+	// GET 200
+	// PUT 423
+	// slow GET 200
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 
 	"github.com/guardlock/guard"
@@ -31,8 +32,13 @@ func Lock(g *guard.Guard, template string, opts ...guard.LockOption) func(http.H
 
 // LockFunc is Lock for names that a template cannot express: key returns the lock name of a
 // request, used as it is (not escaped). Return an error for a request that cannot be locked;
-// it is answered 400, as is an empty name. label names the lock in telemetry and must not be
-// empty: a constant, never request data. LockFunc panics where Lock does.
+// it is answered 400, as is an empty name, with a problem that does not show the error (it
+// may tell internals: a MarshalText error, an address); slog's default logger gets it at
+// debug level. key may read the request body (see MaxBodyBytes): the handler reads it again
+// from its start. With StreamBody too, where what key reads is kept in memory until the
+// handler reads it again: read what names the lock, not the whole of a large body. label
+// names the lock in telemetry and must not be empty: a constant, never request data.
+// LockFunc panics where Lock does.
 func LockFunc(g *guard.Guard, label string, key func(*http.Request) (string, error), opts ...guard.LockOption) func(http.Handler) http.Handler {
 	if key == nil {
 		panic("guard/middleware: LockFunc: nil key function")
@@ -42,11 +48,16 @@ func LockFunc(g *guard.Guard, label string, key func(*http.Request) (string, err
 	}
 	m := newLocker("LockFunc", g, label, opts)
 	m.key = func(q *request) (string, error) {
-		name, err := key(q.r)
-		if err == nil {
-			err = guard.CheckName(name)
+		var kb *keyBody
+		if m.cfg.streamBody {
+			kb = recordKeyRead(q.r)
 		}
-		return name, err
+		name, err := key(q.r)
+		kb.replay(q.r)
+		if err != nil {
+			return "", &keyError{err}
+		}
+		return name, guard.CheckName(name)
 	}
 	return m.wrap
 }
@@ -74,10 +85,34 @@ func newLocker(caller string, g *guard.Guard, label string, opts []guard.LockOpt
 	if err != nil {
 		fail("%v", err)
 	}
-	m := &locker{g: g, label: label, acq: acq, cfg: config{busyStatus: http.StatusLocked}}
+	// Clipped, so that an acquisition that adds options of its own (a Semaphore's, an
+	// RWMutex's kind) copies them: requests share acq.
+	m := &locker{g: g, label: label, acq: slices.Clip(acq), cfg: config{
+		maxBody: defaultMaxBody, bodyTimeout: defaultBodyTimeout,
+	}}
 	for _, o := range opts {
 		if o, ok := o.(Option); ok && o.set != nil {
 			o.set(&m.cfg)
+		}
+	}
+	switch {
+	case m.cfg.permitsSet && m.cfg.permits < 1:
+		fail("Permits(%d): must be at least 1", m.cfg.permits)
+	case m.cfg.permitsSet && m.cfg.readWrite:
+		fail("Permits and ReadWrite: a route's lock is a semaphore or a read-write lock, not both")
+	case m.cfg.permitsSet:
+		if _, err := g.Semaphore("guard-middleware-probe", m.cfg.permits); err != nil {
+			fail("Permits(%d): %v", m.cfg.permits, err)
+		}
+	case m.cfg.readWrite:
+		if _, err := g.RWMutex("guard-middleware-probe"); err != nil {
+			fail("ReadWrite: %v", err)
+		}
+	}
+	if !m.cfg.busyStatusSet {
+		m.cfg.busyStatus = http.StatusLocked
+		if m.cfg.permitsSet {
+			m.cfg.busyStatus = http.StatusTooManyRequests
 		}
 	}
 	if c := m.cfg.busyStatus; c < 400 || c > 599 {
@@ -89,6 +124,12 @@ func newLocker(caller string, g *guard.Guard, label string, opts []guard.LockOpt
 	if m.cfg.pathValuesSet && m.cfg.pathValues == nil {
 		fail("PathValues(nil)")
 	}
+	if m.cfg.maxBody < 0 {
+		fail("MaxBodyBytes(%d): negative", m.cfg.maxBody)
+	}
+	if m.cfg.bodyTimeout < 0 {
+		fail("BodyTimeout(%v): negative", m.cfg.bodyTimeout)
+	}
 	return m
 }
 
@@ -98,34 +139,109 @@ func (m *locker) wrap(next http.Handler) http.Handler {
 		panic("guard/middleware: nil http.Handler")
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q := request{r: r}
-		name, err := m.key(&q)
-		if q.unrouted != "" {
-			m.notRouted(w, q.unrouted)
+		r, buf := m.readBody(w, r)
+		if r == nil {
+			return // answered
+		}
+		if ab, ok := r.Body.(*aheadBody); ok {
+			defer ab.stop()
+		}
+		q := newRequest(r)
+		name, err := m.key(q)
+		unrouted := q.unrouted
+		q.free()
+		if unrouted != "" {
+			m.notRouted(w, unrouted)
 			return
 		}
 		if err != nil {
-			badName(w, err)
+			m.badName(w, r, err)
 			return
 		}
-		ran := false
-		err = m.g.Do(r.Context(), name, func(ctx context.Context) error {
+		buf.rewind(r) // LockFunc's key may have read it
+		if pastDeadline(r.Context()) {
+			timeUp(w) // while the body came
+			return
+		}
+		ran, ended := false, false
+		err = m.do(r, name, func(ctx context.Context) error {
+			if r.Context().Err() != nil {
+				// The client left, or the request's deadline passed, while the lock was
+				// being granted: the work must not be done for nobody, or too late.
+				ended = true
+				return nil
+			}
 			ran = true
 			next.ServeHTTP(w, r.WithContext(ctx))
 			return nil
-		}, m.acq...)
+		})
 		switch {
+		case ended:
+			if pastDeadline(r.Context()) {
+				timeUp(w)
+			} else {
+				clientLeft(w, r)
+			}
 		case ran || err == nil:
 			// The handler has answered. A lock lost meanwhile cancelled its context; a
 			// release that failed after it is the observer's to report (guard.Guard.Do).
+		case errors.Is(err, guard.ErrNotAcquired) && pastDeadline(r.Context()):
+			timeUp(w)
+		case r.Context().Err() != nil:
+			// The request's own context ended the wait, or the attempt: its client left.
+			// Not busy: nobody else holds the lock for all it tells.
+			clientLeft(w, r)
 		case errors.Is(err, guard.ErrNotAcquired):
 			m.busy(w, r, err)
 		case errors.Is(err, guard.ErrInvalidName):
-			badName(w, err)
+			m.badName(w, r, err)
+		case errors.Is(err, guard.ErrUpgrade):
+			writeProblem(w, http.StatusInternalServerError, "The request asked for the write side of a lock "+
+				"that it holds the read side of.")
 		default:
 			writeProblem(w, http.StatusServiceUnavailable, "The lock service is unavailable. Try again later.")
 		}
 	})
+}
+
+// do runs fn under the route's lock on name — a mutex, a permit of a semaphore (Permits), or
+// the read or write side of a read-write lock (ReadWrite) — as guard.Guard.Do runs it: the
+// lock is released when fn returns or panics.
+func (m *locker) do(r *http.Request, name string, fn func(context.Context) error) error {
+	ctx := r.Context()
+	switch {
+	case m.cfg.permits > 0:
+		s, err := m.g.Semaphore(name, m.cfg.permits)
+		if err != nil {
+			return err
+		}
+		return s.Do(ctx, fn, m.acq...)
+	case m.cfg.readWrite:
+		rw, err := m.g.RWMutex(name)
+		if err != nil {
+			return err
+		}
+		var l *guard.Lock
+		if safeMethod(r.Method) {
+			l, err = rw.RLock(ctx, m.acq...)
+		} else {
+			l, err = rw.Lock(ctx, m.acq...)
+		}
+		if err != nil {
+			return err
+		}
+		// The middleware answers from fn alone once it runs: what the release says is the
+		// observer's to report (guard.Guard.Do).
+		defer func() { _ = l.Release(ctx) }()
+		return fn(l.Context())
+	}
+	return m.g.Do(ctx, name, fn, m.acq...)
+}
+
+// safeMethod reports whether a request with method reads only (RFC 9110, 9.2.1): it takes
+// the read side of a ReadWrite lock.
+func safeMethod(method string) bool {
+	return method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions
 }
 
 // notRouted answers a request that reached the middleware before a router matched it to a

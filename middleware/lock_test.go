@@ -44,6 +44,8 @@ func runSuite(t *testing.T, newGuard guardtest.Factory) {
 	t.Run("LockFunc", func(t *testing.T) { testLockFunc(t, newGuard) })
 	t.Run("EncodedPaths", func(t *testing.T) { testEncodedPaths(t, newGuard) })
 	t.Run("EncodedPathsSerialize", func(t *testing.T) { testEncodedSerializes(t, newGuard) })
+	t.Run("Permits", func(t *testing.T) { testPermits(t, newGuard) })
+	t.Run("ReadWrite", func(t *testing.T) { testReadWrite(t, newGuard) })
 }
 
 // account is a handler that detects overlapping requests for one account. A request with
@@ -245,7 +247,7 @@ func testSources(t *testing.T, newGuard guardtest.Factory) {
 			{"query", "acct:{id}:page:{query.page}", "/t/7/x?page=2&page=3", nil, "acct:7:page:2"},
 			{"header", "tenant:{header.x-tenant}:{id}", "/t/7/x", []string{"X-Tenant: acme"}, "tenant:acme:7"},
 			{"method", "{method} {id}", "/t/7/x", nil, "GET 7"},
-			{"route", "route={route}", "/t/7/x", nil, "route=/t/%7Bid%7D/x"},
+			{"route", "route={route}", "/t/7/x", nil, "route=%2Ft%2F%7Bid%7D%2Fx"},
 			{"escaped value", "acct:{id}", "/t/a:b%7B/x", nil, "acct:a%3Ab%7B"},
 			{"encoded query", "q:{query.k}", "/t/7/x?k=a%3Ab%25", nil, "q:a%3Ab%25"},
 			{"literal braces", "{{acct:{id}}}", "/t/7/x", nil, "{acct:7}"},
@@ -257,10 +259,10 @@ func testSources(t *testing.T, newGuard guardtest.Factory) {
 				require.Equal(t, http.StatusOK, res.status, res.body)
 				want := p + tt.want
 				if tt.name == "route" && rt.name == "ServeMux" {
-					want = p + "route=GET /t/%7Bid%7D/x" // http.Request.Pattern has the method
+					want = p + "route=GET%20%2Ft%2F%7Bid%7D%2Fx" // http.Request.Pattern has the method
 				}
 				if tt.name == "route" && rt.name == "varsRouter" {
-					want = p + "route=/t/%3Aid/x" // the prefix has a ':', so values escape it
+					want = p + "route=%2Ft%2F%3Aid%2Fx"
 				}
 				assert.Equal(t, want, res.body)
 			})
@@ -269,12 +271,12 @@ func testSources(t *testing.T, newGuard guardtest.Factory) {
 }
 
 func testInjective(t *testing.T, newGuard guardtest.Factory) {
-	// The known failure of annotation libraries: ("x.y", "z") and ("x", "y.z") must be two
+	// The known failure of annotation libraries: ("x:y", "z") and ("x", "y:z") must be two
 	// locks. Both are held at once here: with one lock, the second request would get 423.
 	acct := newAccount()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l, _ := guard.FromContext(r.Context())
-		if r.URL.Query().Get("a") == "x.y" {
+		if r.URL.Query().Get("a") == "x:y" {
 			acct.entered <- l.Name()
 			select {
 			case <-acct.leave:
@@ -284,17 +286,17 @@ func testInjective(t *testing.T, newGuard guardtest.Factory) {
 		_, _ = io.WriteString(w, l.Name())
 	})
 	p := prefix(t)
-	srv := serve(t, http.HandlerFunc(middleware.Lock(newGuard(t), p+"{query.a}.{query.b}")(h).ServeHTTP))
-	first := goSend(t, srv, "GET", "/?a=x.y&b=z")
+	srv := serve(t, http.HandlerFunc(middleware.Lock(newGuard(t), p+"{query.a}:{query.b}")(h).ServeHTTP))
+	first := goSend(t, srv, "GET", "/?a=x:y&b=z")
 	name1 := acct.waitEntered(t, first)
-	res := send(t, srv, "GET", "/?a=x&b=y.z")
+	res := send(t, srv, "GET", "/?a=x&b=y:z")
 	require.Equal(t, http.StatusOK, res.status, res.body)
 	close(acct.leave)
 	r1 := <-first
 	require.NoError(t, r1.err)
 	require.Equal(t, http.StatusOK, r1.status)
-	assert.Equal(t, p+"x%2Ey.z", name1)
-	assert.Equal(t, p+"x.y%2Ez", res.body)
+	assert.Equal(t, p+"x%3Ay:z", name1)
+	assert.Equal(t, p+"x:y%3Az", res.body)
 }
 
 func testMissingValues(t *testing.T, newGuard guardtest.Factory) {
@@ -487,10 +489,14 @@ func TestConstructionPanics(t *testing.T) {
 		{"bad param", func() { middleware.Lock(g, "account:{a/b}") }, "not a path parameter name"},
 		{"empty", func() { middleware.Lock(g, "") }, "empty template"},
 		{"fixed name too long", func() { middleware.Lock(g, strings.Repeat("x", guard.MaxNameLen+1)) }, "more than 1024"},
+		{"no room for a value", func() { middleware.Lock(g, strings.Repeat("x", guard.MaxNameLen)+":{id}") }, "no name fits in 1024 bytes"},
+		{"letter next to a placeholder", func() { middleware.Lock(g, "account{id}") }, "'t' right before {id}"},
 		{"bad option", func() { middleware.Lock(g, "a:{id}", guard.WaitTime(-1)) }, "WaitTime"},
 		{"bad status", func() { middleware.Lock(g, "a:{id}", middleware.BusyStatus(200)) }, "BusyStatus(200)"},
 		{"nil guard", func() { middleware.Lock(nil, "a:{id}") }, "nil *guard.Guard"},
 		{"nil PathValues", func() { middleware.Lock(g, "a:{id}", middleware.PathValues(nil)) }, "PathValues(nil)"},
+		{"negative MaxBodyBytes", func() { middleware.Lock(g, "a:{id}", middleware.MaxBodyBytes(-1)) }, "MaxBodyBytes(-1): negative"},
+		{"negative BodyTimeout", func() { middleware.Lock(g, "a:{id}", middleware.BodyTimeout(-time.Second)) }, "BodyTimeout(-1s): negative"},
 		{"nil OnBusy", func() {
 			middleware.LockFunc(g, "k", func(*http.Request) (string, error) { return "k", nil }, middleware.OnBusy(nil))
 		}, "OnBusy(nil)"},

@@ -167,10 +167,15 @@ type result struct {
 
 // goSend sends a request from a new goroutine and returns where its result arrives.
 func goSend(t *testing.T, srv *httptest.Server, method, path string) <-chan result {
-	ch := make(chan result, 1)
 	ctx := t.Context()
+	return async(func() (response, error) { return do(ctx, srv, method, path) })
+}
+
+// async calls f on a new goroutine and returns where its result arrives.
+func async(f func() (response, error)) <-chan result {
+	ch := make(chan result, 1)
 	go func() {
-		res, err := do(ctx, srv, method, path)
+		res, err := f()
 		ch <- result{res, err}
 	}()
 	return ch
@@ -191,6 +196,11 @@ func do(ctx context.Context, srv *httptest.Server, method, path string, header .
 		k, v, _ := strings.Cut(h, ": ")
 		req.Header.Add(k, v)
 	}
+	return exchange(srv, req)
+}
+
+// exchange sends req to srv and reads the whole response.
+func exchange(srv *httptest.Server, req *http.Request) (response, error) {
 	res, err := srv.Client().Do(req)
 	if err != nil {
 		return response{}, err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	chimw "github.com/go-chi/chi/v5/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -133,9 +134,9 @@ func testEncodedPaths(t *testing.T, newGuard guardtest.Factory) {
 		}{
 			{"plain and escaped letter", []string{"/t/a/x", "/t/%61/x"}, "acct:a"},
 			{"hex case", []string{"/t/j/x", "/t/%6a/x", "/t/%6A/x"}, "acct:j"},
-			{"escaped slash", []string{"/t/a%2Fb/x", "/t/a%2fb/x", "/t/%61%2F%62/x"}, "acct:a/b"},
-			{"plus is a plus in a path", []string{"/t/a+b/x", "/t/a%2Bb/x", "/t/%61+b/x"}, "acct:a+b"},
-			{"escaped space", []string{"/t/a%20b/x", "/t/%61%20b/x"}, "acct:a b"},
+			{"escaped slash", []string{"/t/a%2Fb/x", "/t/a%2fb/x", "/t/%61%2F%62/x"}, "acct:a%2Fb"},
+			{"plus is a plus in a path", []string{"/t/a+b/x", "/t/a%2Bb/x", "/t/%61+b/x"}, "acct:a%2Bb"},
+			{"escaped space", []string{"/t/a%20b/x", "/t/%61%20b/x"}, "acct:a%20b"},
 			{"escaped percent", []string{"/t/%2561/x", "/t/%25%36%31/x"}, "acct:%2561"},
 			{"unicode", []string{"/t/%C3%A9/x", "/t/%c3%a9/x"}, "acct:é"},
 		}
@@ -153,9 +154,9 @@ func testEncodedPaths(t *testing.T, newGuard guardtest.Factory) {
 			for path, want := range map[string]string{
 				"/q/1?k=a":     "q:a",
 				"/q/1?k=%61":   "q:a",
-				"/q/1?k=a+b":   "q:a b", // a query is form-encoded: '+' is a space
-				"/q/1?k=a%20b": "q:a b",
-				"/q/1?k=a%2Bb": "q:a+b",
+				"/q/1?k=a+b":   "q:a%20b", // a query is form-encoded: '+' is a space
+				"/q/1?k=a%20b": "q:a%20b",
+				"/q/1?k=a%2Bb": "q:a%2Bb",
 			} {
 				res := send(t, srv, "GET", path)
 				require.Equal(t, http.StatusOK, res.status, "%s: %s", path, res.body)
@@ -262,6 +263,120 @@ func TestReleaseFailsAfterHandler(t *testing.T) {
 			assert.Equal(t, http.StatusCreated, rec.Code)
 			assert.Equal(t, "withdrawn", rec.Body.String())
 			assert.ErrorIs(t, <-obs, tc.err, "the observer hears of the failed release")
+		})
+	}
+}
+
+// Two templates with different separators never share a name: while POST /owners/acme%2Fx
+// holds "repo:{Owner}" for the owner "acme/x", POST /repos/acme/x takes "repo:{Owner}/{Repo}"
+// for "acme" and "x" at once (issue 23: it was answered 423).
+func TestTemplatesKeptApart(t *testing.T) {
+	g := guard.New(memstore.New())
+	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	entered, leave := make(chan string, 1), make(chan struct{})
+	blocking := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l, _ := guard.FromContext(r.Context())
+		entered <- l.Name()
+		select {
+		case <-leave:
+		case <-r.Context().Done():
+		}
+	})
+	r := chi.NewRouter()
+	r.With(middleware.Lock(g, "repo:{owner}")).Post("/owners/{owner}", blocking)
+	r.With(middleware.Lock(g, "repo:{owner}/{repo}")).Post("/repos/{owner}/{repo}", lockName)
+	srv := serve(t, r)
+
+	first := goSend(t, srv, "POST", "/owners/acme%2Fx")
+	select {
+	case name := <-entered:
+		assert.Equal(t, "repo:acme%2Fx", name)
+	case res := <-first:
+		t.Fatalf("the first request ended before it entered the handler: %d %s %v", res.status, res.body, res.err)
+	}
+	res := send(t, srv, "POST", "/repos/acme/x")
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	assert.Equal(t, "repo:acme/x", res.body)
+	close(leave)
+	require.NoError(t, (<-first).err)
+}
+
+// Behind chi middleware that changes the path chi routes on — StripSlashes and URLFormat set
+// the route context's RoutePath from the decoded URL.Path — every spelling of one account
+// still names one lock: the middleware decodes a parameter only when chi matched it against
+// the escaped path (issue 16, case 8: "/accounts/%2541/" locked account:%2541 and
+// "/%61ccounts/%2541/" locked account:A).
+func TestChiPathRewrites(t *testing.T) {
+	g := guard.New(memstore.New())
+	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	lock := middleware.Lock(g, "acct:{id}")
+	strip, format := chimw.StripSlashes, chimw.URLFormat
+	setups := []struct {
+		name          string
+		use, groupUse func(http.Handler) http.Handler // the router's middleware, and its group's
+		group, route  string                          // the route, in a group (r.Route) when group is set
+	}{
+		{"plain", nil, nil, "", "/accounts/{id}"},
+		{"StripSlashes", strip, nil, "", "/accounts/{id}"},
+		{"URLFormat", format, nil, "", "/accounts/{id}"},
+		{"StripSlashes in a subrouter", nil, strip, "/accounts", "/{id}"},
+		{"StripSlashes before a mounted group", strip, nil, "/accounts/{id}", "/"},
+		{"mounted group", nil, nil, "/accounts/{id}", "/"},
+		{"StripSlashes and a parameter of the group", strip, nil, "/x/{a}", "/{id}"},
+	}
+	build := func(use, groupUse func(http.Handler) http.Handler, group, route string) http.Handler {
+		r := chi.NewRouter()
+		if use != nil {
+			r.Use(use)
+		}
+		if group == "" {
+			r.With(lock).Get(route, lockName)
+			return r
+		}
+		r.Route(group, func(r chi.Router) {
+			if groupUse != nil {
+				r.Use(groupUse)
+			}
+			r.With(lock).Get(route, lockName)
+		})
+		return r
+	}
+	resources := []struct {
+		want            string
+		spellings, json []string
+	}{
+		{"acct:%2541", []string{ // the account "%41"
+			"/accounts/%2541", "/accounts/%2541/", "/%61ccounts/%2541/", "/accounts/%25%341/",
+			"/x/A/%2541/", "/x/%41/%2541/", "/x/%41/%2541",
+		}, []string{"/accounts/%2541.json", "/%61ccounts/%2541.json", "/accounts/%25%341.json"}},
+		{"acct:a", []string{
+			"/accounts/a", "/accounts/a/", "/accounts/%61", "/accounts/%61/", "/%61ccounts/%61/",
+			"/x/A/a/", "/x/%41/%61/", "/x/%41/%61",
+		}, []string{"/accounts/a.json", "/accounts/%61.json", "/%61ccounts/%61.json"}},
+		{"acct:a%2Fb", []string{"/accounts/a%2Fb", "/accounts/a%2Fb/", "/accounts/a%2fb/", "/%61ccounts/a%2Fb/",
+			"/x/A/a%2Fb/", "/x/%41/a%2fb"},
+			[]string{"/accounts/a%2Fb.json", "/%61ccounts/a%2fb.json"}},
+	}
+	for _, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			srv := serve(t, build(s.use, s.groupUse, s.group, s.route))
+			for _, res := range resources {
+				routed := 0
+				spellings := res.spellings
+				if s.name == "URLFormat" { // "/accounts/a.json" is the account "a"
+					spellings = append(spellings, res.json...)
+				}
+				for _, path := range spellings {
+					got := send(t, srv, "GET", path)
+					if got.status == http.StatusNotFound || got.status == http.StatusMethodNotAllowed {
+						continue // this router has no route for this spelling
+					}
+					routed++
+					require.Equal(t, http.StatusOK, got.status, "%s: %s", path, got.body)
+					assert.Equal(t, res.want, got.body, "%s: one resource, one name", path)
+				}
+				assert.Positive(t, routed, "no spelling of %s was routed", res.want)
+			}
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 
 	"github.com/go-chi/chi/v5"
 
@@ -18,6 +19,26 @@ type request struct {
 	// unrouted is the first placeholder that found the request not routed yet: the
 	// middleware wraps the router, not the route.
 	unrouted string
+	// chiPath is which path chi routed the request on, once a value asked (chiUnknown
+	// before).
+	chiPath chiPath
+}
+
+// requests keeps request structs for reuse: naming a request would otherwise cost an
+// allocation of its own, as the template's sources are called through function values.
+var requests = sync.Pool{New: func() any { return new(request) }}
+
+// newRequest returns r to be named.
+func newRequest(r *http.Request) *request {
+	q := requests.Get().(*request)
+	*q = request{r: r}
+	return q
+}
+
+// free gives q back for reuse; q must not be used afterwards.
+func (q *request) free() {
+	*q = request{}
+	requests.Put(q)
 }
 
 // source reads one placeholder's value from a request.
@@ -55,15 +76,21 @@ func compileSource(key string, values func(*http.Request, string) (string, bool)
 		if !isParamName(name) {
 			return nil, fmt.Errorf("%q is not a path parameter name (letters, digits, '_', '-', or chi's '*')", name)
 		}
-		if values == nil {
-			values = pathValue
-		}
 		return func(q *request) (string, error) {
-			v, ok := values(q.r, name)
+			var (
+				v   string
+				ok  bool
+				err error
+			)
+			if values != nil {
+				v, ok = values(q.r, name)
+			} else {
+				v, ok, err = q.pathValue(name)
+			}
 			if !ok && q.unrouted == "" {
 				q.unrouted = key
 			}
-			return v, nil
+			return v, err
 		}, nil
 	case "query":
 		// url.Values are decoded: "%61" and "a" are one value, and "+" is a space.
@@ -91,47 +118,33 @@ func compileSource(key string, values func(*http.Request, string) (string, bool)
 
 // pathValue returns the path parameter name, decoded — one resource has one value, whether
 // its path spelled "a" or "%61" — and whether the request was routed to a route that has the
-// parameter. It reads chi's URL parameter when chi has one by that name, else
-// Request.PathValue, which http.ServeMux sets (decoded) and adapters for other routers can
-// set (docs/templates.md).
-func pathValue(r *http.Request, name string) (string, bool) {
+// parameter. It reads chi's URL parameter when chi has one by that name (see chiValue), else
+// Request.PathValue, which http.ServeMux sets (decoded) and adapters for other routers can set
+// (docs/templates.md).
+func (q *request) pathValue(name string) (string, bool, error) {
+	r := q.r
 	if rc := chi.RouteContext(r.Context()); rc != nil {
 		keys := rc.URLParams.Keys
 		for i := len(keys) - 1; i >= 0; i-- { // the innermost route's, as chi.URLParam
 			if keys[i] == name {
-				return chiDecode(r, rc.URLParams.Values[i]), true
+				v, err := q.chiValue(rc, rc.URLParams.Values[i])
+				return v, true, err
 			}
 		}
-	}
-	if v := r.PathValue(name); v != "" {
-		return v, true
-	}
-	if rc := chi.RouteContext(r.Context()); rc != nil {
+		if v := r.PathValue(name); v != "" {
+			return v, true, nil
+		}
 		// chi has matched no route with the parameter: the middleware runs in r.Use before
 		// routing, or in a group whose pattern does not have it.
-		return "", false
+		return "", false, nil
+	}
+	if v := r.PathValue(name); v != "" {
+		return v, true, nil
 	}
 	// No value: ServeMux routed the request with an empty one ("{rest...}" at the end of a
 	// path); or it routed it to a route without the parameter; or nothing routed it — the
 	// middleware wraps the router.
-	return "", strings.Contains(r.Pattern, "{"+name+"}") || strings.Contains(r.Pattern, "{"+name+"...}")
-}
-
-// chiDecode returns the decoded form of a chi URL parameter. chi matches routes against
-// URL.RawPath when it is set — when the path has escapes other than the ones Go would write
-// ("%61" for "a", "%2F" for a slash in a segment) — and then hands out raw segments: decode
-// them as ServeMux does. Without RawPath chi matched the decoded URL.Path, and a '%' in the
-// value is the character itself.
-func chiDecode(r *http.Request, v string) string {
-	if r.URL.RawPath == "" || !strings.Contains(v, "%") {
-		return v
-	}
-	if d, err := url.PathUnescape(v); err == nil {
-		return d
-	}
-	// Not an escaped segment after all: chi was told to route on the decoded path (its
-	// StripSlashes middleware does that).
-	return v
+	return "", strings.Contains(r.Pattern, "{"+name+"}") || strings.Contains(r.Pattern, "{"+name+"...}"), nil
 }
 
 // routeValue returns the pattern of the route that matched: chi's, else Request.Pattern (set
