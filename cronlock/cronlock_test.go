@@ -1,7 +1,11 @@
 package cronlock_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,7 +114,7 @@ func TestOncePerTick(t *testing.T) {
 				{"2ms", 2 * time.Millisecond},
 			} {
 				t.Run(c.name, func(t *testing.T) {
-					log := guardtest.NewTickLog(time.Now().Add(500*time.Millisecond), period)
+					log := guardtest.NewTickLog(time.Now().Add(startLead), period)
 					f := startFleet(t, open, log, "", func(i int, scheduled func() time.Time) cron.Job {
 						return cronlock.FuncJob(log.Task(i, c.work, scheduled))
 					}, guard.MinHold(hold))
@@ -127,7 +131,7 @@ func TestOncePerTick(t *testing.T) {
 // later find a 2 ms job finished and its lock free, and run the tick again.
 func TestWithoutHoldRunsTicksAgain(t *testing.T) {
 	store := memstore.New()
-	log := guardtest.NewTickLog(time.Now().Add(500*time.Millisecond), period)
+	log := guardtest.NewTickLog(time.Now().Add(startLead), period)
 	f := startFleet(t, func(*testing.T) guard.Backend { return store }, log, "", func(i int, scheduled func() time.Time) cron.Job {
 		return cronlock.FuncJob(log.Task(i, 2*time.Millisecond, scheduled))
 	}, guard.MinHold(0))
@@ -196,6 +200,39 @@ func TestPlainJobRunsUnderTheLock(t *testing.T) {
 	assert.True(t, ran)
 	_, errs := l.snapshot()
 	assert.Empty(t, errs)
+}
+
+// What docs/scheduling.md tells a reader who wants to see the skips: a skip is logged at
+// Info, which a PrintfLogger — cron.DefaultLogger is one — drops, and a VerbosePrintfLogger
+// prints; a failure is printed by both.
+func TestSkipsShowWithAVerboseLogger(t *testing.T) {
+	store := memstore.New()
+	g, other := guard.New(store), guard.New(store)
+	defer g.Close(context.Background())
+	defer other.Close(context.Background())
+	held, err := other.TryAcquire(t.Context(), lockName(t))
+	require.NoError(t, err)
+	defer held.Release(context.Background())
+	failing := cronlock.FuncJob(func(context.Context) error { return errors.New("report failed") })
+
+	for _, tt := range []struct {
+		name     string
+		logger   func(l interface{ Printf(string, ...any) }) cron.Logger
+		wantSkip bool
+	}{
+		{"printf, as cron.DefaultLogger", cron.PrintfLogger, false},
+		{"verbose printf", cron.VerbosePrintfLogger, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			l := tt.logger(log.New(&out, "", 0))
+			cron.NewChain(cronlock.MustSkipIfLocked(g, lockName(t), cronlock.Logger(l))).Then(failing).Run()
+			assert.Contains(t, out.String(), "report failed", "a failure is printed")
+			out.Reset()
+			cron.NewChain(cronlock.MustSkipIfLocked(g, held.Name(), cronlock.Logger(l))).Then(failing).Run()
+			assert.Equal(t, tt.wantSkip, strings.Contains(out.String(), "skip"), "a skip printed: %q", out.String())
+		})
+	}
 }
 
 // A job that another instance holds is skipped, and the skip is logged at Info, as

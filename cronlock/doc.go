@@ -14,7 +14,7 @@
 // Each run takes the lock with one attempt; the instance that gets it runs the job, and the
 // name stays locked for at least the hold window (guard.MinHold, DefaultMinHold by default)
 // after the run took it, so that the instances whose timers fire a few milliseconds later
-// find the tick taken. Size the window by the rule of docs/scheduling.md: half the job's
+// find the tick taken. Size the window by the rule of the [scheduling guide]: half the job's
 // period, right while the instances' timers for one tick fire less than half a period apart.
 // Cron expressions fire at wall-clock times, so the ticks of all instances line up. "@every"
 // schedules do not: they count from when each instance's cron started (to the whole second),
@@ -31,4 +31,6 @@
 //
 // A wrapper locks one name: build one for each job (cron.NewChain(…).Then(job)), not one for
 // the whole cron with cron.WithChain, which would make all its jobs share one lock.
+//
+// [scheduling guide]: https://github.com/guardlock/guard/blob/main/docs/scheduling.md
 package cronlock

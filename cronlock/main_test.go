@@ -18,8 +18,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // The acceptance schedule: 3 instances run one job every period, for ticks ticks.
 const (
 	instances = 3
-	period    = 200 * time.Millisecond
-	ticks     = 20
+	// A period of 400 ms leaves a run 200 ms of lateness (its hold window) before the next
+	// tick finds the name still held: a loaded CI machine (two cores, the race detector, other
+	// packages' servers) started runs 182 ms late with 200 ms periods.
+	period = 400 * time.Millisecond
+	ticks  = 12
+	// startLead is how long after a fleet starts its first tick is due: time to connect its
+	// clients and create the SQL stores' tables, on a loaded machine.
+	startLead = 1500 * time.Millisecond
 	// skew is how far apart the instances' timers fire, at most, on top of the scheduling
 	// noise.
 	skew = 10 * time.Millisecond

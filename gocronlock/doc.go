@@ -19,7 +19,7 @@
 //
 // # The hold window
 //
-// guard.MinHold sets the window: by the rule of docs/scheduling.md, half the job's period,
+// guard.MinHold sets the window: by the rule of the [scheduling guide], half the job's period,
 // which is right while the instances' timers for one tick fire less than half a period apart.
 // The default, DefaultMinHold (half a second), is that rule for jobs that run at most once a
 // second; a job that runs more often needs its own. A job that needs another window than the
@@ -49,4 +49,6 @@
 //
 // An Elector answers for the whole scheduler, so gocron does not consult a Locker when an
 // Elector is set.
+//
+// [scheduling guide]: https://github.com/guardlock/guard/blob/main/docs/scheduling.md
 package gocronlock

@@ -14,10 +14,12 @@ import (
 )
 
 // Elector is a gocron.Elector on a guard.Guard: pass it to gocron.WithDistributedElector, and
-// only the instance that leads runs the scheduler's jobs. Leading is holding one lock, taken
-// without a lease time, so that the Guard's watchdog holds it for as long as the instance
-// lives. Every Elector on the name campaigns from NewElector on: it waits for the lock, leads
-// while it holds it, and waits again when it loses it.
+// only the instance that leads runs the scheduler's jobs. It campaigns in a guard.Election of
+// the name (Election): leading is holding one of its terms, a lock taken without a lease time,
+// so that the Guard's watchdog holds it for as long as the instance lives. Every Elector on the
+// name campaigns from NewElector on: it waits for a term, leads while it holds it, and waits
+// again when it loses it. Any instance — an Elector's or a plain guard.Election's — can read
+// who leads and what the leader published (LeaderValue), and watch the terms change.
 //
 // When the leader's Elector or Guard is closed, the lock is released and a waiting instance
 // takes it at once (on Redis and memstore, release notifications wake it; on MongoDB, waiters
@@ -27,20 +29,42 @@ import (
 // instances never hold the lock with live contexts at once: the old leader's context ends, at
 // the latest, at its validity deadline, which comes before its lease ends on the backend.
 //
-// A new leader waits out a settling time (Settle, DefaultSettle by default) before it leads,
-// so that it does not run again a tick that the old leader ran just before it lost the lead
-// and whose timer fires a little later on the new leader.
+// An Elector answers from the first tick. Its campaign opens with one attempt to take the
+// lock, and IsLeader waits for that attempt's outcome (up to FirstElectionWait) before it first
+// answers, so that a job gocron runs right after the scheduler starts — a one-time job started
+// immediately — runs on the instance that took the lock, and only there.
+//
+// That first answer is no on every instance while the name is held: by a live leader, or by
+// the lease of a leader that died without releasing it, until that lease runs out (within one
+// watchdog timeout of the death). gocron asks once per run and skips the run on a no, so a
+// one-time job started immediately then runs nowhere, and a periodic job first runs at the
+// first tick after an instance has taken over and settled. An Elector cannot tell a dead
+// leader's lease from a live one's; a first answer that waited out every held lease would hold
+// each instance's first runs for up to a watchdog timeout at every start, only to answer no
+// while a live leader leads. Work that must run whenever an instance begins to lead goes in
+// OnElected (started on a goroutine of its own when it takes long), which runs as soon as the
+// stale lease has run out. A leader that closes its Elector on shutdown releases the name and
+// leaves no lease behind.
+//
+// A leader that took over from another one — it waited for the lock, which the old leader
+// released, lost or let run out — waits out a settling time (Settle, DefaultSettle by
+// default) before it leads, so that it does not run again a tick that the old leader ran just
+// before it lost the lead and whose timer fires a little later on the new leader. An instance
+// whose first attempt found the name free took it from nobody, and leads at once.
 //
 // An Elector is safe for concurrent use. Close it, before its Guard, to stop campaigning.
 type Elector struct {
-	g         *guard.Guard
-	name      string
+	election  *guard.Election
+	value     string // published with each term
 	settle    time.Duration
 	onElected func(*guard.Lock)
 
 	stop     context.CancelCauseFunc // ends the campaign
 	done     chan struct{}           // closed when the campaign has ended
 	closeErr error                   // the campaign's last release error; read after done
+
+	decided    chan struct{} // closed once the campaign's first attempt has an outcome
+	decideOnce sync.Once
 
 	mu   sync.Mutex // protects term
 	term *term      // nil while another instance leads
@@ -52,7 +76,13 @@ var _ gocron.Elector = (*Elector)(nil)
 type term struct {
 	lock    *guard.Lock
 	elected time.Time // when the lock was taken; the instance leads from elected + settle
+	settled bool      // taken from nobody, at the campaign's first attempt: it leads at once
 }
+
+// FirstElectionWait bounds how long IsLeader waits for the outcome of an Elector's first
+// attempt to take the lock: a backend that does not answer by then makes it answer
+// ErrNotLeader, and the campaign goes on.
+const FirstElectionWait = 5 * time.Second
 
 // ElectorOption configures an Elector. Pass options to NewElector, which checks them.
 type ElectorOption func(*electorSettings)
@@ -60,12 +90,14 @@ type ElectorOption func(*electorSettings)
 // electorSettings is what ElectorOptions set.
 type electorSettings struct {
 	settle    time.Duration
+	value     string
 	onElected func(*guard.Lock)
 	err       error // the first invalid option
 }
 
-// Settle sets how long a newly elected instance waits before it leads: IsLeader reports
-// ErrNotLeader until d has passed since it took the lock. Make d at least the spread of the
+// Settle sets how long an instance that took over the lead from another waits before it leads:
+// IsLeader reports ErrNotLeader until d has passed since it took the lock. (An instance whose
+// first attempt found the name free leads at once.) Make d at least the spread of the
 // instances' timers and clocks, as for guard.MinHold (docs/scheduling.md); a hand-over then
 // costs at most the ticks within d, and never runs a tick twice. Default: DefaultSettle. d must
 // not be negative.
@@ -86,15 +118,24 @@ func OnElected(fn func(*guard.Lock)) ElectorOption {
 	return func(s *electorSettings) { s.onElected = fn }
 }
 
+// LeaderValue sets what this instance publishes while it leads — its address, say — which
+// guard.Election.Leader reads on every instance (see Election). Default: "".
+func LeaderValue(v string) ElectorOption {
+	return func(s *electorSettings) { s.value = v }
+}
+
 func (s *electorSettings) fail(err error) {
 	if s.err == nil {
 		s.err = err
 	}
 }
 
-// NewElector returns an Elector that campaigns for the lock called name on g, and starts its
-// campaign. Every instance of a service must use the same name. It returns an error for a nil
-// g, a *guard.NameError for a bad name, and a *guard.OptionError for an invalid option.
+// NewElector returns an Elector that campaigns in the election called name on g
+// (guard.NewElection), and starts its campaign. Every instance of a service must use the same
+// name. It returns an error for a nil g, a *guard.NameError for a bad name, a
+// *guard.OptionError for an invalid option, and an error matching guard.ErrUnsupported when
+// g's backend cannot tell who holds a lock (it does not implement guard.Inspector; every
+// backend of this module does).
 func NewElector(g *guard.Guard, name string, opts ...ElectorOption) (*Elector, error) {
 	if g == nil {
 		return nil, errors.New("guard/gocronlock: NewElector with a nil *guard.Guard")
@@ -111,8 +152,13 @@ func NewElector(g *guard.Guard, name string, opts ...ElectorOption) (*Elector, e
 	if s.err != nil {
 		return nil, s.err
 	}
+	election, err := guard.NewElection(g, name)
+	if err != nil {
+		return nil, err
+	}
 	ctx, stop := context.WithCancelCause(context.Background())
-	e := &Elector{g: g, name: name, settle: s.settle, onElected: s.onElected, stop: stop, done: make(chan struct{})}
+	e := &Elector{election: election, value: s.value, settle: s.settle, onElected: s.onElected, stop: stop,
+		done: make(chan struct{}), decided: make(chan struct{})}
 	go e.campaign(ctx)
 	return e, nil
 }
@@ -123,13 +169,26 @@ const (
 	maxBackoff   = time.Second
 )
 
-// campaign takes the leadership lock whenever it is free, and holds it until it is lost or
-// ctx ends. It returns when ctx ends or the Guard is closed.
+// campaign takes a term of the election whenever nobody leads, and holds it until it is lost
+// or ctx ends. It returns when ctx ends or the Guard is closed. Its first attempt is a single
+// one, whose outcome it tells IsLeader (decide); later ones wait for the term.
 func (e *Elector) campaign(ctx context.Context) {
 	defer close(e.done)
+	defer e.decide() // a campaign that ends undecided leaves nobody waiting
 	backoff := firstBackoff
-	for {
-		l, err := e.g.Acquire(ctx, e.name)
+	for first := true; ; first = false {
+		var l *guard.Lock
+		var err error
+		if first {
+			l, err = e.election.Campaign(ctx, e.value, guard.WaitTime(0))
+			if errors.Is(err, guard.ErrNotAcquired) && ctx.Err() == nil {
+				e.decide() // another instance leads
+				l, err = e.election.Campaign(ctx, e.value)
+				first = false
+			}
+		} else {
+			l, err = e.election.Campaign(ctx, e.value)
+		}
 		switch {
 		case err == nil:
 			backoff = firstBackoff
@@ -137,6 +196,7 @@ func (e *Elector) campaign(ctx context.Context) {
 			return
 		default:
 			// The backend failed (the Guard's observer records it): try again later.
+			e.decide()
 			d := backoff/2 + mrand.N(backoff/2+1)
 			backoff = min(2*backoff, maxBackoff)
 			t := time.NewTimer(d)
@@ -150,18 +210,21 @@ func (e *Elector) campaign(ctx context.Context) {
 		}
 
 		e.mu.Lock()
-		e.term = &term{lock: l, elected: time.Now()}
+		e.term = &term{lock: l, elected: time.Now(), settled: first}
 		e.mu.Unlock()
 		if e.onElected != nil {
 			e.onElected(l)
 		}
+		e.decide()
 		<-l.Done() // lost, released by Guard.Close, or ctx ended (l's context derives from it)
 		e.mu.Lock()
 		e.term = nil
 		e.mu.Unlock()
-		// Give the name back at once if it is still ours, so that the next leader need not
-		// wait for the lease to run out. A lock that was lost, or released by Guard.Close,
+		// Give the term back at once if it is still ours, so that the next leader need not
+		// wait for the lease to run out. A term that was lost, or released by Guard.Close,
 		// has nothing to give back; a failure matters only when Close asked for the release.
+		// (Election.Resign would not do: the election forgets a term as soon as its context
+		// ends, and a lost term stays reported by Election.Check until the next one begins.)
 		err = l.Release(context.Background())
 		if ctx.Err() != nil {
 			if !errors.Is(err, guard.ErrNotHeld) {
@@ -172,12 +235,40 @@ func (e *Elector) campaign(ctx context.Context) {
 	}
 }
 
+// decide tells IsLeader that the first election has an outcome.
+func (e *Elector) decide() { e.decideOnce.Do(func() { close(e.decided) }) }
+
+// awaitFirstElection waits until the campaign's first attempt has an outcome, ctx ends (its
+// error), or FirstElectionWait has passed.
+func (e *Elector) awaitFirstElection(ctx context.Context) error {
+	select {
+	case <-e.decided:
+		return nil
+	default:
+	}
+	t := time.NewTimer(FirstElectionWait)
+	defer t.Stop()
+	select {
+	case <-e.decided:
+		return nil
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // IsLeader returns nil when this instance leads: it holds the leadership lock, its lock's
-// context is live, and the settling time has passed since it took it. Otherwise it returns an
-// error matching ErrNotLeader, or ctx's error when ctx is done. gocron calls it before every
-// run, with the job's context, and skips the run on an error.
+// context is live, and it took the lock from nobody or the settling time has passed since it
+// took it. Otherwise it returns an error matching ErrNotLeader, or ctx's error when ctx is
+// done. Until the campaign's first attempt has an outcome, IsLeader waits for it, up to
+// FirstElectionWait. gocron calls it before every run, with the job's context, and skips the
+// run on an error.
 func (e *Elector) IsLeader(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := e.awaitFirstElection(ctx); err != nil {
 		return err
 	}
 	_, err := e.leading()
@@ -193,11 +284,18 @@ func (e *Elector) leading() (*term, error) {
 	if t == nil || t.lock.Err() != nil {
 		return nil, ErrNotLeader
 	}
-	if since := time.Since(t.elected); since < e.settle {
+	if since := time.Since(t.elected); !t.settled && since < e.settle {
 		return nil, fmt.Errorf("%w yet: elected %v ago, settling for %v", ErrNotLeader, since.Round(time.Millisecond), e.settle)
 	}
 	return t, nil
 }
+
+// Election returns the election the Elector campaigns in: its Leader says who leads and what
+// it published (LeaderValue) wherever it runs, Observe reports each new term in order, and
+// Check is a liveness probe's: an error while this instance leads with a term it fails to
+// renew, and after it lost one until it leads again. Campaigning and resigning are the
+// Elector's: call neither Campaign nor Resign on it.
+func (e *Elector) Election() *guard.Election { return e.election }
 
 // Leader returns the leadership lock and true while this instance holds it with a live
 // context — also while it is still settling. The lock's Context ends when the term does; its
@@ -227,6 +325,9 @@ func (e *Elector) Func(task func(context.Context) error) func(context.Context) e
 		panic("guard/gocronlock: Elector.Func(nil)")
 	}
 	return func(ctx context.Context) error {
+		if err := e.awaitFirstElection(ctx); err != nil {
+			return err
+		}
 		t, err := e.leading()
 		if err != nil {
 			return err

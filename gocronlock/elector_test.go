@@ -45,7 +45,7 @@ type electorFleet struct {
 func startElectorFleet(t *testing.T, open func(*testing.T) guard.Backend) *electorFleet {
 	t.Helper()
 	name := lockName(t)
-	t0 := time.Now().Add(500 * time.Millisecond)
+	t0 := time.Now().Add(startLead)
 	f := &electorFleet{
 		log:      guardtest.NewTickLog(t0, period),
 		elected:  make(chan election, 100),
@@ -277,21 +277,86 @@ func TestElectorClose(t *testing.T) {
 	assert.Greater(t, lb.Fence(), la.Fence())
 }
 
-// A new leader settles before it leads.
+// A leader that took over from another settles before it leads; one that took the name from
+// nobody, at its first attempt, leads at once.
 func TestElectorSettles(t *testing.T) {
-	g := guard.New(memstore.New())
-	defer g.Close(context.Background())
-	e, elected := newElector(t, g, lockName(t), gocronlock.Settle(time.Hour))
-	waitElection(t, elected)
-	_, ok := e.Leader()
+	store := memstore.New()
+	ga, gb := guard.New(store), guard.New(store)
+	defer ga.Close(context.Background())
+	defer gb.Close(context.Background())
+	name := lockName(t)
+
+	a, electedA := newElector(t, ga, name, gocronlock.Settle(time.Hour))
+	waitElection(t, electedA)
+	require.NoError(t, a.IsLeader(t.Context()), "the first leader took the name from nobody")
+
+	b, electedB := newElector(t, gb, name, gocronlock.Settle(time.Hour))
+	assert.ErrorIs(t, b.IsLeader(t.Context()), gocronlock.ErrNotLeader, "the first attempt found the name held")
+	require.NoError(t, a.Close(t.Context()))
+	waitElection(t, electedB)
+	_, ok := b.Leader()
 	assert.True(t, ok, "elected")
-	err := e.IsLeader(t.Context())
+	err := b.IsLeader(t.Context())
 	assert.ErrorIs(t, err, gocronlock.ErrNotLeader)
 	assert.ErrorContains(t, err, "settling for 1h0m0s")
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	assert.ErrorIs(t, e.IsLeader(ctx), context.Canceled)
+	assert.ErrorIs(t, b.IsLeader(ctx), context.Canceled)
+}
+
+// The first IsLeader waits for the first attempt's outcome, up to FirstElectionWait: here a
+// backend that does not answer until the test lets it.
+func TestElectorFirstElectionWaits(t *testing.T) {
+	b := newHeldBack()
+	g := guard.New(b)
+	defer g.Close(context.Background())
+	e, elected := newElector(t, g, lockName(t))
+	answered := make(chan error, 1)
+	go func() { answered <- e.IsLeader(t.Context()) }()
+	select {
+	case err := <-answered:
+		t.Fatalf("IsLeader answered %v before the first attempt had an outcome", err)
+	case <-b.in:
+	}
+	close(b.letGo)
+	require.NoError(t, <-answered)
+	waitElection(t, elected)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	stuck := newHeldBack()
+	defer close(stuck.letGo)
+	g2 := guard.New(stuck)
+	defer g2.Close(context.Background())
+	e2, err := gocronlock.NewElector(g2, lockName(t))
+	require.NoError(t, err)
+	defer e2.Close(context.Background())
+	assert.ErrorIs(t, e2.IsLeader(ctx), context.Canceled, "a cancelled context ends the wait")
+}
+
+// heldBack is a backend whose Acquire waits until letGo is closed.
+type heldBack struct {
+	guard.Backend
+	guard.Inspector // an Elector's election reads who leads
+	letGo           chan struct{}
+	in              chan struct{} // closed when an Acquire first waits
+	inClose         sync.Once
+}
+
+func newHeldBack() *heldBack {
+	store := memstore.New()
+	return &heldBack{Backend: store, Inspector: store, letGo: make(chan struct{}), in: make(chan struct{})}
+}
+
+func (h *heldBack) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
+	h.inClose.Do(func() { close(h.in) })
+	select {
+	case <-h.letGo:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	return h.Backend.Acquire(ctx, r)
 }
 
 // Closing the Guard ends the term and the campaign.
@@ -308,6 +373,8 @@ func TestElectorGuardClosed(t *testing.T) {
 func TestNewElectorErrors(t *testing.T) {
 	g := guard.New(memstore.New())
 	defer g.Close(context.Background())
+	plain := guard.New(struct{ guard.Backend }{memstore.New()})
+	defer plain.Close(context.Background())
 	for _, c := range []struct {
 		name string
 		g    *guard.Guard
@@ -320,6 +387,7 @@ func TestNewElectorErrors(t *testing.T) {
 		{"empty name", g, "", nil, guard.ErrInvalidName, "empty"},
 		{"negative settle", g, "leader", []gocronlock.ElectorOption{gocronlock.Settle(-time.Second)},
 			guard.ErrInvalidOption, "Settle(-1s)"},
+		{"backend that cannot tell who leads", plain, "leader", nil, guard.ErrUnsupported, "guard.Inspector"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e, err := gocronlock.NewElector(c.g, c.lock, c.opts...)
@@ -335,4 +403,50 @@ func TestNewElectorErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.Close(t.Context()))
 	assert.PanicsWithValue(t, "guard/gocronlock: Elector.Func(nil)", func() { e.Func(nil) })
+}
+
+// An Elector's terms are an election's: every instance reads who leads and what it published,
+// and observes each hand-over in order, with a higher fence each time.
+func TestElectorElection(t *testing.T) {
+	store := memstore.New()
+	ga, gb := guard.New(store), guard.New(store)
+	defer ga.Close(context.Background())
+	defer gb.Close(context.Background())
+	name := lockName(t)
+
+	a, electedA := newElector(t, ga, name, gocronlock.Settle(0), gocronlock.LeaderValue("10.0.0.1:8080"))
+	la := waitElection(t, electedA)
+	b, electedB := newElector(t, gb, name, gocronlock.Settle(0), gocronlock.LeaderValue("10.0.0.2:8080"))
+	assert.Equal(t, name, b.Election().Name())
+
+	leader, err := b.Election().Leader(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8080", leader.Value, "b reads what a published")
+	assert.Equal(t, la.Fence(), leader.Fence)
+	assert.Equal(t, guard.KindTerm, la.Kind())
+	require.NoError(t, a.Election().Check())
+	require.NoError(t, b.Election().Check(), "not leading is healthy")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	changes := b.Election().Observe(ctx)
+	first := <-changes
+	assert.Equal(t, la.Fence(), first.Fence)
+
+	require.NoError(t, a.Close(t.Context()))
+	lb := waitElection(t, electedB)
+	select {
+	case next := <-changes:
+		assert.Equal(t, "10.0.0.2:8080", next.Value)
+		assert.Equal(t, lb.Fence(), next.Fence)
+		assert.Greater(t, next.Fence, first.Fence)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Observe did not report the new leader")
+	}
+	leader, err = a.Election().Leader(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2:8080", leader.Value, "the closed instance reads the new leader too")
+	cancel()
+	for range changes { // closed when ctx ends
+	}
 }

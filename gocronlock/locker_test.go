@@ -31,7 +31,7 @@ type schedule struct {
 func runFleet(t *testing.T, open func(*testing.T) guard.Backend, sc schedule, opts ...guard.LockOption) *guardtest.TickLog {
 	t.Helper()
 	name := lockName(t)
-	t0 := time.Now().Add(500 * time.Millisecond) // time to connect the clients
+	t0 := time.Now().Add(startLead) // time to connect the clients
 	log := guardtest.NewTickLog(t0, sc.period)
 	fired := make(chan int, instances*(sc.ticks+20)) // each instance, at each tick it fired
 	var fleet []*scheduler

@@ -24,8 +24,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // The acceptance schedule: 3 instances run one job every period, for ticks ticks.
 const (
 	instances = 3
-	period    = 200 * time.Millisecond
-	ticks     = 20
+	// A period of 400 ms leaves a run 200 ms of lateness (its hold window) before the next
+	// tick finds the name still held: a loaded CI machine (two cores, the race detector, other
+	// packages' servers) started runs 182 ms late with 200 ms periods.
+	period = 400 * time.Millisecond
+	ticks  = 12
+	// startLead is how long after a fleet starts its first tick is due: time to connect its
+	// clients and create the SQL stores' tables, on a loaded machine.
+	startLead = 1500 * time.Millisecond
 	// skew is how far apart the instances' timers fire, at most, on top of the scheduling
 	// noise: each reading of an instance's clock is ahead by a random amount up to skew.
 	skew = 10 * time.Millisecond
@@ -137,4 +143,18 @@ func (m *mortal) Subscribe(released func(guard.Notice)) (guard.Subscription, err
 		return nil, errors.New("no release notifications on this backend")
 	}
 	return n.Subscribe(released)
+}
+
+// Inspect, List and ForceRelease pass through to the backend: an Elector's election reads who
+// leads.
+func (m *mortal) Inspect(ctx context.Context, name string) (guard.LockInfo, error) {
+	return m.Backend.(guard.Inspector).Inspect(ctx, name)
+}
+
+func (m *mortal) List(ctx context.Context, prefix, cursor string, limit int) ([]guard.LockInfo, string, error) {
+	return m.Backend.(guard.Inspector).List(ctx, prefix, cursor, limit)
+}
+
+func (m *mortal) ForceRelease(ctx context.Context, name string, fence uint64) error {
+	return m.Backend.(guard.Inspector).ForceRelease(ctx, name, fence)
 }
