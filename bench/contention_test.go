@@ -22,11 +22,10 @@ import (
 )
 
 // The contended workload of issue 11: workers goroutines on ONE name, each holding the lock
-// for holdFor and then working for workFor before it asks again, for the run's duration.
+// for holdFor and then working for twice as long before it asks again, for the run's duration.
 const (
 	workers   = 16
-	holdFor   = time.Millisecond
-	workFor   = 2 * time.Millisecond
+	holdFor   = time.Millisecond // and work for twice as long
 	contLease = 10 * time.Second
 )
 
@@ -36,13 +35,13 @@ var contentionRun = flag.Duration("contention.run", 3*time.Second, "how long eac
 type contender struct {
 	name string
 	// open returns a lock function on client for one instance.
-	open func(b *testing.B, client *redis.Client) func(ctx context.Context, name string) (unlock func(), err error)
+	open func(tb testing.TB, client *redis.Client) func(ctx context.Context, name string) (unlock func(), err error)
 }
 
 var contenders = []contender{
-	{"guard", func(b *testing.B, client *redis.Client) func(context.Context, string) (func(), error) {
+	{"guard", func(tb testing.TB, client *redis.Client) func(context.Context, string) (func(), error) {
 		g := guard.New(redisstore.New(client))
-		b.Cleanup(func() { _ = g.Close(context.Background()) })
+		tb.Cleanup(func() { _ = g.Close(context.Background()) })
 		return func(ctx context.Context, name string) (func(), error) {
 			l, err := g.Acquire(ctx, name, guard.LeaseTime(contLease))
 			if err != nil {
@@ -59,7 +58,7 @@ var contenders = []contender{
 }
 
 func redislockContender(name string, poll time.Duration) contender {
-	return contender{name, func(b *testing.B, client *redis.Client) func(context.Context, string) (func(), error) {
+	return contender{name, func(tb testing.TB, client *redis.Client) func(context.Context, string) (func(), error) {
 		c := redislock.New(client)
 		opt := &redislock.Options{RetryStrategy: redislock.LinearBackoff(poll)}
 		return func(ctx context.Context, name string) (func(), error) {
@@ -73,7 +72,7 @@ func redislockContender(name string, poll time.Duration) contender {
 }
 
 func redsyncContender(name string, opts []redsync.Option) contender {
-	return contender{name, func(b *testing.B, client *redis.Client) func(context.Context, string) (func(), error) {
+	return contender{name, func(tb testing.TB, client *redis.Client) func(context.Context, string) (func(), error) {
 		rs := redsync.New(goredis.NewPool(client))
 		opts := append([]redsync.Option{redsync.WithExpiry(contLease), redsync.WithTries(math.MaxInt32)}, opts...)
 		return func(ctx context.Context, name string) (func(), error) {
@@ -122,15 +121,48 @@ func BenchmarkContention(b *testing.B) {
 
 // contend runs the workload with the workers spread over the instances' lock functions.
 func contend(b *testing.B, locks []func(context.Context, string) (func(), error), counters []*testserver.RoundTrips) {
-	name := "bench:contention:" + b.Name()
-	ctx, cancel := context.WithTimeout(context.Background(), *contentionRun+time.Minute)
-	defer cancel()
 	commands := func() (n int64) {
 		for _, c := range counters {
 			n += c.Load()
 		}
 		return n
 	}
+	before := commands()
+	b.ResetTimer()
+	r := contendFor("bench:contention:"+b.Name(), locks, workers, holdFor, *contentionRun)
+	b.StopTimer()
+	if r.overlaps > 0 {
+		b.Errorf("%d overlapping holders", r.overlaps)
+	}
+	if r.acquired == 0 {
+		b.Fatal("no acquisition")
+	}
+	b.ReportMetric(r.util, "util-%")
+	b.ReportMetric(r.p50, "p50-ms")
+	b.ReportMetric(r.p99, "p99-ms")
+	b.ReportMetric(r.perSecond, "acq/s")
+	if counters != nil {
+		b.ReportMetric(float64(commands()-before)/float64(r.acquired), "cmds/acq")
+	}
+	if r.failures > 0 {
+		b.ReportMetric(float64(r.failures), "failures")
+	}
+}
+
+// contention is what one run of the contended workload measured.
+type contention struct {
+	util               float64 // time the lock was held over wall time, in %
+	p50, p99           float64 // waits, in ms
+	perSecond          float64 // acquisitions per second
+	acquired           int
+	overlaps, failures int32
+}
+
+// contendFor runs n workers on name for run, spread over the instances' lock functions: each
+// holds the lock for hold, then works for twice as long before it asks again.
+func contendFor(name string, locks []func(context.Context, string) (func(), error), n int, hold, run time.Duration) contention {
+	ctx, cancel := context.WithTimeout(context.Background(), run+time.Minute)
+	defer cancel()
 	var (
 		mu       sync.Mutex // protects waits
 		waits    []time.Duration
@@ -139,12 +171,10 @@ func contend(b *testing.B, locks []func(context.Context, string) (func(), error)
 		overlaps atomic.Int32
 		failures atomic.Int32
 	)
-	before := commands()
-	b.ResetTimer()
 	start := time.Now()
-	stop := start.Add(*contentionRun)
+	stop := start.Add(run)
 	var wg sync.WaitGroup
-	for i := range workers {
+	for i := range n {
 		lock := locks[i%len(locks)]
 		wg.Go(func() {
 			for time.Now().Before(stop) {
@@ -160,36 +190,27 @@ func contend(b *testing.B, locks []func(context.Context, string) (func(), error)
 				if inside.Add(1) != 1 {
 					overlaps.Add(1)
 				}
-				time.Sleep(holdFor)
+				time.Sleep(hold)
 				inside.Add(-1)
 				held.Add(int64(time.Since(got)))
 				unlock()
 				mu.Lock()
 				waits = append(waits, got.Sub(asked))
 				mu.Unlock()
-				time.Sleep(workFor)
+				time.Sleep(2 * hold)
 			}
 		})
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	b.StopTimer()
-	if n := overlaps.Load(); n > 0 {
-		b.Errorf("%d overlapping holders", n)
-	}
+	r := contention{acquired: len(waits), overlaps: overlaps.Load(), failures: failures.Load()}
 	if len(waits) == 0 {
-		b.Fatal("no acquisition")
+		return r
 	}
 	slices.Sort(waits)
 	pct := func(p float64) float64 { return float64(waits[int(p*float64(len(waits)-1))]) / 1e6 }
-	b.ReportMetric(100*float64(held.Load())/float64(wall), "util-%")
-	b.ReportMetric(pct(0.5), "p50-ms")
-	b.ReportMetric(pct(0.99), "p99-ms")
-	b.ReportMetric(float64(len(waits))/wall.Seconds(), "acq/s")
-	if counters != nil {
-		b.ReportMetric(float64(commands()-before)/float64(len(waits)), "cmds/acq")
-	}
-	if f := failures.Load(); f > 0 {
-		b.ReportMetric(float64(f), "failures")
-	}
+	r.util = 100 * float64(held.Load()) / float64(wall)
+	r.p50, r.p99 = pct(0.5), pct(0.99)
+	r.perSecond = float64(len(waits)) / wall.Seconds()
+	return r
 }
