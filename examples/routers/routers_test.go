@@ -75,9 +75,9 @@ func TestOneResourceOneName(t *testing.T) {
 				"/accounts/%61/withdraw":      "account:a",
 				"/accounts/%6A/withdraw":      "account:j",
 				"/accounts/%6a/withdraw":      "account:j",
-				"/accounts/a+b/withdraw":      "account:a+b",
-				"/accounts/a%2Bb/withdraw":    "account:a+b",
-				"/accounts/a%20b/withdraw":    "account:a b",
+				"/accounts/a+b/withdraw":      "account:a%2Bb",
+				"/accounts/a%2Bb/withdraw":    "account:a%2Bb",
+				"/accounts/a%20b/withdraw":    "account:a%20b",
 				"/accounts/%2561/withdraw":    "account:%2561", // the value "%61", its '%' escaped
 				"/accounts/%C3%A9/withdraw":   "account:é",
 				"/accounts/%c3%a9/withdraw":   "account:é",
@@ -119,8 +119,8 @@ func TestBusyAcrossSpellings(t *testing.T) {
 // {route} is the router's pattern.
 func TestRoute(t *testing.T) {
 	want := map[string]string{
-		"gin":  "route:/accounts/%3Aid/withdraw", // ':' is the template's separator: escaped
-		"echo": "route:/accounts/%3Aid/withdraw",
+		"gin":  "route:%2Faccounts%2F%3Aid%2Fwithdraw", // values escape separators
+		"echo": "route:%2Faccounts%2F%3Aid%2Fwithdraw",
 	}
 	for _, rt := range routers {
 		if want[rt.name] == "" {

@@ -42,26 +42,33 @@ var axisSteps = []time.Duration{
 	30 * time.Second, time.Minute, 5 * time.Minute, 10 * time.Minute, 30 * time.Minute, time.Hour,
 }
 
-// writeTimelineFile writes the timeline of rec to path.
-func writeTimelineFile(path string, rec *record, backend string) error {
+// writeTimelineFile writes the timeline of o to path.
+func writeTimelineFile(path string, o outcome, cfg config, backend string, complete bool) error {
 	var b bytes.Buffer
-	writeTimeline(&b, rec, backend)
+	writeTimeline(&b, o, cfg, backend, complete)
 	return os.WriteFile(path, b.Bytes(), 0o644)
 }
 
-// writeTimeline draws rec as an SVG: a row per instance, with a bar for each lock it held
-// while it ran the job or a task, the MinHold window that kept the job's name locked after
-// that, and a mark where it found a lock busy; the time axis in milliseconds from the start.
-func writeTimeline(w io.Writer, rec *record, backend string) {
-	events, _ := rec.snapshot()
-	cfg := rec.cfg
+// writeTimeline draws o as an SVG: a row per instance of every process, with a bar for each
+// lock it held while it ran the job or a task, the MinHold window that kept the job's name
+// locked after that, and a mark where it found a lock busy; the time axis in milliseconds
+// from the start of the first window; the verdict, complete or not, at the bottom.
+func writeTimeline(w io.Writer, o outcome, cfg config, backend string, complete bool) {
+	var events []event
+	for _, e := range o.events {
+		if o.covers(e) {
+			events = append(events, e)
+		}
+	}
+	names, number := o.instances()
+	epoch := o.run.start(o.windows[0])
 
 	// The axis runs to the last thing drawn, rounded up to a tick.
-	last := cfg.window
+	last := o.run.Window
 	for _, e := range events {
-		last = max(last, e.start.Sub(rec.epoch), e.end.Sub(rec.epoch))
-		if e.kind == jobRun {
-			last = max(last, e.start.Add(cfg.minHold()).Sub(rec.epoch))
+		last = max(last, e.Start.Sub(epoch), e.End.Sub(epoch))
+		if e.Kind == jobRun {
+			last = max(last, e.Start.Add(cfg.minHold()).Sub(epoch))
 		}
 	}
 	step := axisSteps[len(axisSteps)-1]
@@ -74,9 +81,9 @@ func writeTimeline(w io.Writer, rec *record, backend string) {
 	axisEnd := (last + step - 1) / step * step
 	plotW := float64(svgWidth - svgLeft - svgRight)
 	x := func(t time.Time) float64 {
-		return svgLeft + plotW*float64(t.Sub(rec.epoch))/float64(axisEnd)
+		return svgLeft + plotW*float64(t.Sub(epoch))/float64(axisEnd)
 	}
-	rowsBottom := svgTop + cfg.instances*rowHeight
+	rowsBottom := svgTop + len(names)*rowHeight
 	axisY := rowsBottom + 10
 	legendY := axisY + 52
 	height := legendY + 58
@@ -89,30 +96,35 @@ func writeTimeline(w io.Writer, rec *record, backend string) {
 	p(`<rect width="6" height="6" fill="#fbe3d0"/><line x1="0" y1="0" x2="0" y2="6" stroke="#f0b48a" stroke-width="3"/></pattern></defs>`)
 	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>`)
 	p(`<text x="24" y="34" font-size="20" font-weight="bold">guard worker: one run per window, one run per task</text>`)
-	windows := fmt.Sprintf("%d windows of %v", cfg.windows, cfg.window)
-	if cfg.windows == 0 {
-		windows = fmt.Sprintf("a window of %v", cfg.window)
+	windows := fmt.Sprintf("%d windows of %v", o.run.Windows, o.run.Window)
+	if o.run.Windows == 0 {
+		windows = fmt.Sprintf("a window of %v", o.run.Window)
 	}
-	p(`<text x="24" y="58" font-size="13" fill="%s">%d instances, each with its own Guard, on %s.</text>`,
-		mutedColour, cfg.instances, esc(backend))
+	in := fmt.Sprintf("%d instances", len(names))
+	if procs := len(o.processes(0)); procs > 1 {
+		in += fmt.Sprintf(" in %d processes", procs)
+	}
+	p(`<text x="24" y="58" font-size="13" fill="%s">%s, each with its own Guard, on %s.</text>`,
+		mutedColour, in, esc(backend))
 	p(`<text x="24" y="76" font-size="13" fill="%s">Every instance fires the job %s at every tick (MinHold %v; %s) and walks the whole batch of %d tasks %s.</text>`,
-		mutedColour, esc(jobName), cfg.minHold(), windows, cfg.tasks, esc(taskTemplate))
+		mutedColour, esc(jobName), cfg.minHold(), windows, o.run.Tasks, esc(taskTemplate))
 
 	// Windows: alternate bands, a dashed line where each starts, and their numbers.
-	for k := 0; time.Duration(k)*cfg.window < axisEnd; k++ {
-		x0 := x(rec.epoch.Add(time.Duration(k) * cfg.window))
-		x1 := min(x(rec.epoch.Add(time.Duration(k+1)*cfg.window)), svgWidth-svgRight)
+	for k := int64(0); time.Duration(k)*o.run.Window < axisEnd; k++ {
+		x0 := x(epoch.Add(time.Duration(k) * o.run.Window))
+		x1 := min(x(epoch.Add(time.Duration(k+1)*o.run.Window)), svgWidth-svgRight)
 		if k%2 == 0 {
 			p(`<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f3f5f8"/>`, x0, svgTop-22, x1-x0, rowsBottom-svgTop+22)
 		}
 		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c4cad1" stroke-dasharray="3 3"/>`, x0, svgTop-22, x0, rowsBottom)
-		p(`<text x="%.1f" y="%d" font-size="11" fill="%s">window %d</text>`, x0+5, svgTop-8, mutedColour, k)
+		p(`<text x="%.1f" y="%d" font-size="11" fill="%s">window %d</text>`, x0+5, svgTop-8, mutedColour, o.windows[0]+k)
 	}
 
 	// Rows: the instance, its lanes, and a line under it.
-	for i := range cfg.instances {
+	for i, name := range names {
 		y := svgTop + i*rowHeight
-		p(`<text x="24" y="%d" font-size="14" font-weight="bold">instance %d</text>`, y+rowHeight/2+5, i+1)
+		p(`<text x="24" y="%d" font-size="14" font-weight="bold"><title>process %s</title>instance %d</text>`,
+			y+rowHeight/2+5, esc(strings.ReplaceAll(name, "/", ", instance ")), number[name])
 		p(`<text x="%d" y="%d" font-size="10" fill="%s" text-anchor="end">job</text>`, svgLeft-8, y+laneTop+15, mutedColour)
 		p(`<text x="%d" y="%d" font-size="10" fill="%s" text-anchor="end">tasks</text>`, svgLeft-8, y+laneTop+laneH+laneGap+15, mutedColour)
 		p(`<line x1="24" y1="%d" x2="%d" y2="%d" stroke="#d0d7de"/>`, y+rowHeight, svgWidth-svgRight, y+rowHeight)
@@ -120,49 +132,49 @@ func writeTimeline(w io.Writer, rec *record, backend string) {
 
 	// What ran, and where a lock was busy.
 	lane := func(e event) float64 {
-		y := float64(svgTop + (e.instance-1)*rowHeight + laneTop)
-		if e.kind == taskRun || e.kind == busyTask {
+		y := float64(svgTop + (number[e.Instance]-1)*rowHeight + laneTop)
+		if e.Kind == taskRun || e.Kind == busyTask {
 			y += laneH + laneGap
 		}
 		return y
 	}
 	for _, e := range events {
-		x0, y := x(e.start), lane(e)
-		at := fmt.Sprintf("%d–%d ms", e.start.Sub(rec.epoch).Milliseconds(), e.end.Sub(rec.epoch).Milliseconds())
-		switch e.kind {
+		x0, y, in := x(e.Start), lane(e), number[e.Instance]
+		at := fmt.Sprintf("%d–%d ms", e.Start.Sub(epoch).Milliseconds(), e.End.Sub(epoch).Milliseconds())
+		switch e.Kind {
 		case jobRun:
-			x1, hold := x(e.end), x(e.start.Add(cfg.minHold()))
+			x1, hold := x(e.End), x(e.Start.Add(cfg.minHold()))
 			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%d" fill="url(#minhold)" rx="3"><title>%s kept locked by MinHold until %d ms</title></rect>`,
-				x0, y, hold-x0, laneH, esc(jobName), e.start.Add(cfg.minHold()).Sub(rec.epoch).Milliseconds())
+				x0, y, hold-x0, laneH, esc(jobName), e.Start.Add(cfg.minHold()).Sub(epoch).Milliseconds())
 			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%d" fill="%s" rx="3"><title>instance %d ran window %d under fence %d, %s</title></rect>`,
-				x0, y, max(x1-x0, 2), laneH, jobColour, e.instance, e.key, e.fence, at)
+				x0, y, max(x1-x0, 2), laneH, jobColour, in, e.Key, e.Fence, at)
 			p(`<text x="%.1f" y="%.1f" font-size="11" font-weight="bold" fill="%s">window %d · fence %d</text>`,
-				x1+5, y+15, jobTextColour, e.key, e.fence)
+				x1+5, y+15, jobTextColour, e.Key, e.Fence)
 		case taskRun:
-			width := max(x(e.end)-x0, 2)
+			width := max(x(e.End)-x0, 2)
 			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%d" fill="%s" stroke="#ffffff" rx="2"><title>instance %d ran task %d under fence %d, %s</title></rect>`,
-				x0, y, width, laneH, taskColour, e.instance, e.key, e.fence, at)
-			if label := fmt.Sprint(e.key); width >= float64(7*len(label)+4) {
+				x0, y, width, laneH, taskColour, in, e.Key, e.Fence, at)
+			if label := fmt.Sprint(e.Key); width >= float64(7*len(label)+4) {
 				p(`<text x="%.1f" y="%.1f" font-size="10" fill="#ffffff" text-anchor="middle">%s</text>`, x0+width/2, y+15, label)
 			}
 		case busyJob, busyTask:
-			what := fmt.Sprintf("window %d", e.key)
-			if e.kind == busyTask {
-				what = fmt.Sprintf("task %d", e.key)
+			what := fmt.Sprintf("window %d", e.Key)
+			if e.Kind == busyTask {
+				what = fmt.Sprintf("task %d", e.Key)
 			}
 			cy, r := y+laneH/2, 4.0 // in the job's lane, which is empty there
-			if e.kind == busyTask {
+			if e.Kind == busyTask {
 				cy, r = y+laneH+6, 3 // under the task lane, whose bars fill it
 			}
 			p(`<g stroke="%s" stroke-width="1.6"><title>instance %d found %s busy at %d ms</title>%s</g>`,
-				busyColour, e.instance, what, e.start.Sub(rec.epoch).Milliseconds(), cross(x0, cy, r))
+				busyColour, in, what, e.Start.Sub(epoch).Milliseconds(), cross(x0, cy, r))
 		}
 	}
 
 	// The time axis.
 	p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s"/>`, svgLeft, axisY, svgWidth-svgRight, axisY, mutedColour)
 	for t := time.Duration(0); t <= axisEnd; t += step {
-		tx := x(rec.epoch.Add(t))
+		tx := x(epoch.Add(t))
 		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s"/>`, tx, axisY, tx, axisY+5, mutedColour)
 		p(`<text x="%.1f" y="%d" font-size="11" fill="%s" text-anchor="middle">%d</text>`, tx, axisY+19, mutedColour, t.Milliseconds())
 	}
@@ -180,9 +192,9 @@ func writeTimeline(w io.Writer, rec *record, backend string) {
 	item(fmt.Sprintf(`<g stroke="%s" stroke-width="1.8">%s</g>`, busyColour, cross(lx+10, float64(legendY), 4)), "found the lock busy: skipped")
 
 	verdict, colour := "✓ every window ran exactly once, and every task ran exactly once", okColour
-	if err := rec.check(cfg.windows > 0); err != nil {
+	if err := o.check(complete); err != nil {
 		verdict, colour = "✗ "+strings.ReplaceAll(err.Error(), "\n", "; "), failColour
-	} else if cfg.windows == 0 {
+	} else if !complete {
 		verdict = "✓ no window and no task ran twice"
 	}
 	p(`<text x="24" y="%d" font-size="13" font-weight="bold" fill="%s">%s</text>`, legendY+34, colour, esc(verdict))

@@ -5,29 +5,20 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/examples/httpapi/accounts"
 	"github.com/guardlock/guard/internal/testserver"
-	"github.com/guardlock/guard/locktest"
-	"github.com/guardlock/guard/memstore"
+	"github.com/guardlock/guard/redisstore"
 	"github.com/guardlock/guard/tracing"
 )
 
@@ -44,10 +35,10 @@ const (
 )
 
 // traffic sends requests that contend for a lock, each in a server span called requestSpan,
-// with spans from tp (for the locks: tracing.New(tracing.WithTracerProvider(tp))), and returns
-// what Jaeger should show once they are exported. It is the part of the test to swap for
-// another entry point.
-type traffic func(t *testing.T, tp trace.TracerProvider) expected
+// through programs that export their spans to the OTLP/HTTP receiver at otlpEndpoint as
+// service, and returns what Jaeger should show of the traces that started from since on. It
+// is the part of the test to swap for another entry point.
+type traffic func(t *testing.T, otlpEndpoint string) (want expected, since time.Time)
 
 // expected is what a traffic run must leave in Jaeger.
 type expected struct {
@@ -64,23 +55,9 @@ func TestJaeger(t *testing.T) {
 	t.Logf("jaeger ready in %v: OTLP on %s, query on %s", time.Since(begin).Round(time.Millisecond), j.OTLPEndpoint, j.QueryURL)
 
 	ctx := t.Context()
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(j.OTLPEndpoint), otlptracehttp.WithInsecure())
-	require.NoError(t, err)
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
-		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", service))),
-	)
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		assert.NoError(t, tp.Shutdown(sctx))
-	})
-
-	since := time.Now()
 	var run traffic = withdrawOverHTTP
-	want := run(t, tp)
-	require.NoError(t, tp.ForceFlush(ctx))
-	exported := time.Now()
+	want, since := run(t, j.OTLPEndpoint)
+	sent := time.Now()
 
 	acquireName, holdName, releaseName := "guard.acquire "+want.label, "guard.hold "+want.label, "guard.release "+want.label
 	wantAcquires := 0
@@ -95,8 +72,8 @@ func TestJaeger(t *testing.T) {
 			n[releaseName] >= want.outcomes["acquired"]
 	})
 	require.NoError(t, err, "spans found: %v", count(spans))
-	t.Logf("%d spans in Jaeger %v after the flush, %v after start: %v",
-		len(spans), time.Since(exported).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond), count(spans))
+	t.Logf("%d spans in Jaeger %v after the traffic (the programs export every 5 s), %v after start: %v",
+		len(spans), time.Since(sent).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond), count(spans))
 	writeDocsWaterfall(t, spans)
 
 	byID := make(map[string]testserver.Span, len(spans))
@@ -178,15 +155,15 @@ func count(spans []testserver.Span) map[string]int {
 	return n
 }
 
-// withdrawOverHTTP is traffic through the httpapi example's handler: three instances of the
-// account service (three Guards on one shared memstore, each behind its own HTTP server, one
-// ledger) take withdrawals. While another instance holds account 42 (a Guard without
-// telemetry, as a batch job would), six concurrent withdrawals on it are sent; once all of them
-// are parked waiting for its release, two withdrawals on it to an instance that does not wait
-// are answered 423, three withdrawals on account 7 go through without waiting, and then
-// account 42 is released: the six take it one after another, each woken by the release before
-// its turn.
-func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
+// withdrawOverHTTP is traffic through the httpapi example: three processes of it on one Redis
+// take withdrawals, and a fourth that does not wait for a lock. Once account 42 and 7 have
+// their deposits, the spans count from then on. While another instance holds account 42 (a
+// Guard without telemetry, as a batch job would), six concurrent withdrawals on it are sent;
+// once all of them are queued for its release, two withdrawals on it to the process that does
+// not wait are answered 423, three withdrawals on account 7 go through without waiting, and
+// then account 42 is released: the six take it one after another, each woken by the release
+// before its turn.
+func withdrawOverHTTP(t *testing.T, otlpEndpoint string) (expected, time.Time) {
 	const (
 		instances = 3
 		waiters   = 6 // on account 42
@@ -194,64 +171,51 @@ func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
 		others    = 3 // on account 7
 		amount    = 10
 	)
-	store := locktest.NewSpy(memstore.New(), 4*waiters)
-	ledger := &accounts.Ledger{}
-	a42, a7 := accounts.Account{Tenant: "acme", ID: "42"}, accounts.Account{Tenant: "acme", ID: "7"}
-	for _, a := range []accounts.Account{a42, a7} {
-		tx, err := ledger.Begin(a, 0)
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit(1000))
-	}
-
-	obs := tracing.New(tracing.WithTracerProvider(tp))
-	servers := make([]*httptest.Server, instances+1) // the last one does not wait
-	for i := range servers {
-		g := guard.New(store, guard.WithObserver(obs))
-		t.Cleanup(func() { assert.NoError(t, g.Close(context.Background())) })
-		wait := 30 * time.Second
+	_, bin := exampleBinaries(t)
+	srv := testserver.StartRedis(t)
+	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + otlpEndpoint, "OTEL_SERVICE_NAME=" + service}
+	bases := make([]string, instances+1) // the last one does not wait
+	for i := range bases {
+		wait := "10s"
 		if i == instances {
-			wait = 0
+			wait = "0s"
 		}
-		servers[i] = httptest.NewServer(accounts.NewHandler(g, ledger, accounts.WithTracerProvider(tp),
-			accounts.WithWork(5*time.Millisecond), accounts.WithWaitTime(wait)))
-		t.Cleanup(servers[i].Close) // before the Guard closes: cleanups run last first
+		bases[i] = startHTTPAPIWithEnv(t, bin, []string{"-addr", "127.0.0.1:0", "-work", "5ms", "-wait", wait, "-redis", srv.Addr}, env...)
 	}
-	// withdraw sends a withdrawal to server i and checks that it got status.
+	for _, account := range []string{"42", "7"} {
+		status, body := accountsRequest(t, bases[0], "deposit", account, 1000)
+		require.Equal(t, http.StatusOK, status, body)
+	}
+	since := time.Now()
+
+	// withdraw sends a withdrawal to process i and checks that it got status.
 	withdraw := func(i int, account string, status int) error {
-		srv := servers[i]
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/accounts/"+account+"/withdraw",
-			strings.NewReader(fmt.Sprintf(`{"amount": %d}`, amount)))
-		if err != nil {
-			return err
-		}
-		req.Header.Set(accounts.TenantHeader, "acme")
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			return err
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		if res.StatusCode != status {
-			return fmt.Errorf("withdraw from %s: %s: %s", account, res.Status, body)
+		got, body := accountsRequest(t, bases[i], "withdraw", account, amount)
+		if got != status {
+			return fmt.Errorf("withdraw from %s: %d: %s", account, got, body)
 		}
 		return nil
 	}
 
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	store := redisstore.New(client)
 	holder := guard.New(store) // another instance, untraced
 	t.Cleanup(func() { assert.NoError(t, holder.Close(context.Background())) })
-	held, err := holder.TryAcquire(t.Context(), "tenant:acme:account:42")
+	const name = "tenant:acme:account:42"
+	held, err := holder.TryAcquire(t.Context(), name)
 	require.NoError(t, err)
 
-	// The withdrawals on 42 wait. Each is parked once it was told "busy" twice: once before
-	// it asked for release notifications, once after.
+	// The withdrawals on 42 wait, queued for the name.
 	var wg sync.WaitGroup
 	errs := make(chan error, waiters)
 	for i := range waiters {
 		wg.Go(func() { errs <- withdraw(i%instances, "42", http.StatusOK) })
 	}
-	for range 2 * waiters {
-		<-store.Busy()
-	}
+	require.Eventually(t, func() bool {
+		info, err := store.Inspect(t.Context(), name)
+		return err == nil && info.Waiting >= waiters
+	}, 10*time.Second, 10*time.Millisecond, "the withdrawals on 42 queue for its lock")
 	for range busy {
 		require.NoError(t, withdraw(instances, "42", http.StatusLocked))
 	}
@@ -266,16 +230,18 @@ func withdrawOverHTTP(t *testing.T, tp trace.TracerProvider) expected {
 		require.NoError(t, err)
 	}
 
-	for a, want := range map[accounts.Account]int64{a42: 1000 - waiters*amount, a7: 1000 - others*amount} {
-		balance, _ := ledger.Balance(a)
-		assert.Equal(t, want, balance, "balance of %s", a.ID)
+	// The balances, from the example's store on the server: a balance request would add the
+	// acquire and hold spans of the read side of the account's lock.
+	for account, want := range map[string]int64{"42": 1000 - waiters*amount, "7": 1000 - others*amount} {
+		balance, err := client.HGet(t.Context(), `httpapi:account:["acme","`+account+`"]`, "balance").Int64()
+		require.NoError(t, err)
+		assert.Equal(t, want, balance, "account %s", account)
 	}
-	assert.Zero(t, ledger.Overlaps(), "writes of one account overlapped")
 	return expected{
 		requests: waiters + busy + others,
 		outcomes: map[string]int{"acquired": waiters + others, "busy": busy},
 		waited:   waiters,
-		label:    accounts.LockTemplate,
-		backend:  "locktest", // the spy's package
-	}
+		label:    "tenant:{header.X-Tenant}:account:{id}",
+		backend:  "redisstore",
+	}, since
 }

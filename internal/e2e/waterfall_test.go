@@ -19,7 +19,7 @@ import (
 )
 
 // docsEnv names a directory: when set, the end-to-end test draws the traces it read back
-// from Jaeger as docs/img/jaeger-waterfall.svg there (scripts/update-docs sets it).
+// from Jaeger as img/jaeger-waterfall.svg there. docs/tracing.md shows the command.
 const docsEnv = "GUARD_DOCS_DIR"
 
 // waterfall draws the traces of spans as an SVG waterfall, one row per span, the way

@@ -1,37 +1,22 @@
-package accounts
+package main
 
 import (
-	"errors"
-	"fmt"
+	"context"
 	"sync"
 )
 
-// Errors of the ledger. Match them with errors.Is.
-var (
-	// ErrStaleFence reports a transaction whose fence is lower than one the ledger already
-	// accepted for the account: its lock was lost, and a newer holder has written since.
-	ErrStaleFence = errors.New("accounts: stale fence")
-	// ErrInsufficientFunds reports a withdrawal larger than the balance.
-	ErrInsufficientFunds = errors.New("accounts: insufficient funds")
-	// ErrTxDone reports a Commit after Commit or Rollback.
-	ErrTxDone = errors.New("accounts: transaction already ended")
-)
-
-// Account names an account of a tenant.
-type Account struct {
-	Tenant string
-	ID     string
-}
-
-// Ledger keeps the balances of accounts in memory: it stands for the database that the
-// instances of a service share. For each account it remembers the highest fence it accepted,
+// Ledger is the Store of the embedded backend: it keeps the balances in memory, so it serves
+// the instances of one process. For each account it remembers the highest fence it accepted,
 // and it counts overlaps: read-modify-writes of one account that were open at the same time,
-// which a lock around them rules out. Its zero value is an empty ledger. A Ledger is safe for
+// and balance reads made while a read-modify-write of the account was open (the read of a
+// change half made, in a store whose write is more than one step), which a read-write lock
+// around them rules out. Its zero value is an empty ledger. A Ledger is safe for
 // concurrent use.
 type Ledger struct {
-	mu       sync.Mutex // protects accounts and overlaps
-	accounts map[Account]*entry
-	overlaps int
+	mu         sync.Mutex // protects accounts, overlaps and dirtyReads
+	accounts   map[Account]*entry
+	overlaps   int
+	dirtyReads int
 }
 
 // entry is one account.
@@ -115,14 +100,32 @@ func (t *Tx) Rollback() {
 }
 
 // Balance returns the balance of a and the highest fence accepted for it; 0 and 0 for an
-// account never written.
-func (l *Ledger) Balance(a Account) (balance int64, fence uint64) {
+// account never written. It never fails. A read while a transaction on a is open counts in
+// DirtyReads.
+func (l *Ledger) Balance(_ context.Context, a Account) (balance int64, fence uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e := l.accounts[a]; e != nil {
-		return e.balance, e.fence
+		if e.open > 0 {
+			l.dirtyReads++
+		}
+		return e.balance, e.fence, nil
 	}
-	return 0, 0
+	return 0, 0, nil
+}
+
+// Update runs change in one transaction (Begin, then Commit or Rollback).
+func (l *Ledger) Update(_ context.Context, a Account, fence uint64, change func(balance int64) (int64, error)) (int64, error) {
+	tx, err := l.Begin(a, fence)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	balance, err := change(tx.Balance())
+	if err != nil {
+		return 0, err
+	}
+	return balance, tx.Commit(balance)
 }
 
 // Overlaps returns how many transactions began while another one on the same account was
@@ -133,7 +136,12 @@ func (l *Ledger) Overlaps() int {
 	return l.overlaps
 }
 
-func staleFence(a Account, fence, seen uint64) error {
-	return fmt.Errorf("%w: fence %d on account %q of tenant %q, which has accepted fence %d",
-		ErrStaleFence, fence, a.ID, a.Tenant, seen)
+// DirtyReads returns how many Balance reads of an account were made while a transaction on it
+// was open: in a store whose write is more than one step, reads that could see a change half
+// made. Under the read side of a read-write lock per account, whose write side the
+// transactions hold, it stays 0.
+func (l *Ledger) DirtyReads() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dirtyReads
 }

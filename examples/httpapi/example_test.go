@@ -1,4 +1,4 @@
-package accounts_test
+package main
 
 import (
 	"context"
@@ -8,14 +8,13 @@ import (
 	"strings"
 
 	"github.com/guardlock/guard"
-	"github.com/guardlock/guard/examples/httpapi/accounts"
 	"github.com/guardlock/guard/memstore"
 )
 
 func ExampleNewHandler() {
 	g := guard.New(memstore.New())
 	defer g.Close(context.Background())
-	h := accounts.NewHandler(g, &accounts.Ledger{})
+	h := NewHandler(g, &Ledger{})
 
 	for _, r := range []struct{ op, body string }{
 		{"deposit", `{"amount": 100}`},
@@ -23,7 +22,7 @@ func ExampleNewHandler() {
 		{"withdraw", `{"amount": 500}`}, // more than the balance
 	} {
 		req := httptest.NewRequest("POST", "/accounts/42/"+r.op, strings.NewReader(r.body))
-		req.Header.Set(accounts.TenantHeader, "acme")
+		req.Header.Set(TenantHeader, "acme")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		fmt.Print(rec.Code, " ", rec.Body)
@@ -36,15 +35,16 @@ func ExampleNewHandler() {
 
 // A write made under an older lock than one the ledger has seen is rejected.
 func ExampleLedger() {
-	var ledger accounts.Ledger
-	acct := accounts.Account{Tenant: "acme", ID: "42"}
+	var ledger Ledger
+	acct := Account{Tenant: "acme", ID: "42"}
 
 	paused, _ := ledger.Begin(acct, 7) // a holder with fence 7 reads, then pauses
 	next, _ := ledger.Begin(acct, 8)   // its lock expired; the next holder has fence 8
 	fmt.Println(next.Commit(100))
 	err := paused.Commit(50)
-	fmt.Println(errors.Is(err, accounts.ErrStaleFence))
-	fmt.Println(ledger.Balance(acct))
+	fmt.Println(errors.Is(err, ErrStaleFence))
+	balance, fence, _ := ledger.Balance(context.Background(), acct)
+	fmt.Println(balance, fence)
 	// Output:
 	// <nil>
 	// true

@@ -1,4 +1,34 @@
-package accounts
+package main
+
+// The service: accounts of tenants, with deposit, withdraw and balance over HTTP, every route
+// under a distributed read-write lock per account.
+//
+//	POST /accounts/{id}/deposit   {"amount": 100}   X-Tenant: acme
+//	POST /accounts/{id}/withdraw  {"amount": 30}    X-Tenant: acme
+//	GET  /accounts/{id}                             X-Tenant: acme
+//
+// The lock is declared once, on the routes, with middleware.Lock, the template LockTemplate
+// ("tenant:{header.X-Tenant}:account:{id}") and middleware.ReadWrite: a deposit or a
+// withdrawal (POST) takes the write side and runs alone on its account; balance reads (GET)
+// take the read side and run alongside each other, but never while a write of the account is
+// between its read and its write — a read answers the balance before a write or after it,
+// and one that comes while a write holds the account waits for it. A request waits up to two
+// seconds for its side (then gets 423 Locked), and requests on other accounts run in
+// parallel. The middleware wraps each route (chi's r.With), not the router: before routing
+// there is no {id}. ReadWrite needs a backend that grants shared holds (guard.Sharing): every
+// backend the program offers does.
+//
+// A Store keeps the balances where every instance of the service sees them: RedisStore,
+// SQLStore (PostgreSQL, MySQL) and MongoStore on the server the locks are on, Ledger in
+// memory for the embedded backend, which is one process. A lock alone does not make a balance
+// right across instances: each instance must read what the one before it wrote, so the
+// balance lives in the shared database, not in the instance.
+//
+// Every write carries the fence of the lock it was made under (guard.FromContext), and a
+// Store refuses a write whose fence is lower than one it already accepted for that account —
+// the write of a holder that paused while its lock expired and someone else took it. The
+// Ledger also counts overlapping read-modify-writes of one account, and balance reads made
+// while a read-modify-write of the account was open, which the lock must make impossible.
 
 import (
 	"context"
@@ -18,7 +48,7 @@ import (
 	"github.com/guardlock/guard/middleware"
 )
 
-// LockTemplate names the lock of the mutating routes: one lock per account of a tenant.
+// LockTemplate names the lock of the routes: one read-write lock per account of a tenant.
 const LockTemplate = "tenant:{header." + TenantHeader + "}:account:{id}"
 
 // TenantHeader is the request header that names the tenant.
@@ -35,7 +65,7 @@ const (
 )
 
 // ScopeName is the instrumentation scope of the spans the handler starts.
-const ScopeName = "github.com/guardlock/guard/examples/httpapi/accounts"
+const ScopeName = "guard-httpapi"
 
 // Request is the body of a deposit or a withdrawal: an amount in cents, from 1 to MaxAmount.
 type Request struct {
@@ -67,24 +97,25 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tp = tp }
 }
 
-// WithWaitTime sets how long a request waits for its account's lock before it is answered 423
-// Locked. Default: DefaultWaitTime; 0 makes one attempt.
+// WithWaitTime sets how long a request waits for its side of its account's lock before it is
+// answered 423 Locked. Default: DefaultWaitTime; 0 makes one attempt.
 func WithWaitTime(d time.Duration) Option {
 	return func(c *config) { c.wait = d }
 }
 
 // WithWork sets how long each deposit or withdrawal takes between reading the balance and
 // writing it back: it stands for the round trips to a real database, the window in which an
-// unlocked request on the same account would interleave. Default: 0.
+// unlocked request on the same account — a write, or a read — would interleave. Default: 0.
 func WithWork(d time.Duration) Option {
 	return func(c *config) { c.work = d }
 }
 
-// NewHandler returns the service's routes, with the mutating ones behind a lock per account
-// taken from g; ledger keeps the balances. It panics when g or ledger is nil.
-func NewHandler(g *guard.Guard, ledger *Ledger, opts ...Option) http.Handler {
-	if g == nil || ledger == nil {
-		panic("accounts: NewHandler needs a *guard.Guard and a *Ledger")
+// NewHandler returns the service's routes, behind a read-write lock per account taken from g;
+// store keeps the balances. It panics when g or store is nil, and (in middleware.Lock) when
+// g's backend grants no shared holds.
+func NewHandler(g *guard.Guard, store Store, opts ...Option) http.Handler {
+	if g == nil || store == nil {
+		panic("accounts: NewHandler needs a *guard.Guard and a Store")
 	}
 	c := config{wait: DefaultWaitTime}
 	for _, o := range opts {
@@ -93,19 +124,20 @@ func NewHandler(g *guard.Guard, ledger *Ledger, opts ...Option) http.Handler {
 	if c.tp == nil {
 		c.tp = otel.GetTracerProvider()
 	}
-	h := &handler{ledger: ledger, tracer: c.tp.Tracer(ScopeName), work: c.work}
+	h := &handler{store: store, tracer: c.tp.Tracer(ScopeName), work: c.work}
 
 	r := chi.NewRouter()
 	r.Use(serverSpans(h.tracer)) // no lock here: before routing there is no {id}
-	lock := middleware.Lock(g, LockTemplate, guard.WaitTime(c.wait))
-	r.Get("/accounts/{id}", h.balance)
+	// One middleware, so one lock per account: GET takes its read side, POST its write side.
+	lock := middleware.Lock(g, LockTemplate, guard.WaitTime(c.wait), middleware.ReadWrite())
+	r.With(lock).Get("/accounts/{id}", h.balance)
 	r.With(lock).Post("/accounts/{id}/deposit", h.update("accounts.deposit", deposit))
 	r.With(lock).Post("/accounts/{id}/withdraw", h.update("accounts.withdraw", withdraw))
 	return r
 }
 
 type handler struct {
-	ledger *Ledger
+	store  Store
 	tracer trace.Tracer
 	work   time.Duration
 }
@@ -129,17 +161,23 @@ func withdraw(balance, amount int64) (int64, error) {
 
 var errBalanceLimit = errors.New("accounts: balance limit")
 
+// balance answers the balance of an account; it runs under the read side of the account's
+// lock, so no write of the account is between its read and its write meanwhile.
 func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
 	a, ok := account(w, r)
 	if !ok {
 		return
 	}
-	balance, fence := h.ledger.Balance(a)
+	balance, fence, err := h.store.Balance(r.Context(), a)
+	if err != nil {
+		problem(w, http.StatusServiceUnavailable, "The balance could not be read; try again.")
+		return
+	}
 	reply(w, http.StatusOK, "application/json", Balance{Tenant: a.Tenant, Account: a.ID, Balance: balance, Fence: fence})
 }
 
-// update returns the handler of a deposit or a withdrawal, which runs under the account's
-// lock: it writes to the ledger with the lock's fence, in a span called name.
+// update returns the handler of a deposit or a withdrawal, which runs under the write side of
+// the account's lock: it writes to the ledger with the lock's fence, in a span called name.
 func (h *handler) update(name string, op change) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		a, ok := account(w, r)
@@ -162,7 +200,13 @@ func (h *handler) update(name string, op change) http.HandlerFunc {
 			attribute.Int64("accounts.amount", req.Amount), attribute.Int64("accounts.fence", int64(l.Fence()))))
 		defer span.End()
 
-		balance, err := h.apply(ctx, a, l.Fence(), req.Amount, op)
+		balance, err := h.store.Update(ctx, a, l.Fence(), func(balance int64) (int64, error) {
+			balance, err := op(balance, req.Amount)
+			if err != nil {
+				return 0, err
+			}
+			return balance, h.pause(ctx)
+		})
 		if err != nil {
 			span.RecordError(err)
 		}
@@ -176,34 +220,35 @@ func (h *handler) update(name string, op change) http.HandlerFunc {
 		case errors.Is(err, ErrStaleFence):
 			span.SetStatus(codes.Error, err.Error())
 			problem(w, http.StatusConflict, "A newer holder of this account's lock has written it; nothing was written.")
-		default: // the lock was lost, or the client went away: the context ended
+		case errors.Is(err, ErrOutcomeUnknown): // sent, but not answered: perhaps written
+			span.SetStatus(codes.Error, err.Error())
+			problem(w, http.StatusServiceUnavailable,
+				"The write was sent but not answered: its outcome is unknown. Read the balance before you try again.")
+		case r.Context().Err() != nil: // the lock was lost, or the client went away, before the write was sent
 			span.SetStatus(codes.Error, err.Error())
 			problem(w, http.StatusServiceUnavailable, "The request ended before it could write; nothing was written.")
+		default: // the store failed
+			span.SetStatus(codes.Error, err.Error())
+			problem(w, http.StatusServiceUnavailable, "The balance could not be written; try again.")
 		}
 	}
 }
 
-// apply runs op on account a in one ledger transaction, under the given fence.
-func (h *handler) apply(ctx context.Context, a Account, fence uint64, amount int64, op change) (int64, error) {
-	tx, err := h.ledger.Begin(a, fence)
-	if err != nil {
-		return 0, err
+// pause waits for the configured work time: the round trips to a real database, the window
+// in which an unlocked request on the same account would interleave. It returns the cause
+// when ctx ends first: the lock was lost, or the client left.
+func (h *handler) pause(ctx context.Context) error {
+	if h.work <= 0 {
+		return nil
 	}
-	defer tx.Rollback()
-	balance, err := op(tx.Balance(), amount)
-	if err != nil {
-		return 0, err
+	t := time.NewTimer(h.work)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
-	if h.work > 0 {
-		t := time.NewTimer(h.work)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done(): // the lock was lost (the cause says so), or the client left
-			return 0, context.Cause(ctx)
-		}
-	}
-	return balance, tx.Commit(balance)
 }
 
 // account returns the account a request names, or answers 400 when it names none.
