@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/guardlock/guard"
 )
 
 // Bench runs the backend benchmarks: an uncontended acquire+release, and a contended hand-off
@@ -13,23 +15,85 @@ import (
 // trips per operation when the harness can count them.
 func Bench(b *testing.B, h Harness) {
 	b.Run("AcquireRelease", func(b *testing.B) { benchAcquireRelease(b, h) })
-	b.Run("Handoff", func(b *testing.B) { benchHandoff(b, h) })
+	b.Run("Handoff", func(b *testing.B) { benchHandoff(b, h, mutex) })
+}
+
+// BenchPrimitives runs the benchmarks of the primitives: a permit of a semaphore of three, a
+// read lock and a write lock taken and given back uncontended, AcquireAll of four names, and
+// the hand-over of a one-permit semaphore, of a write lock to a writer, and between a reader
+// and a writer, each between two Guards with their own clients (Handoff). Each reports
+// allocations, and round trips per operation when the harness can count them.
+func BenchPrimitives(b *testing.B, h Harness) {
+	semaphore := func(permits int) func(*guard.Guard, int, string) (taker, error) {
+		return func(g *guard.Guard, _ int, name string) (taker, error) {
+			sem, err := g.Semaphore(name, permits)
+			if err != nil {
+				return nil, err
+			}
+			if permits == 1 {
+				return func(ctx context.Context) (*guard.Lock, error) { return sem.Acquire(ctx) }, nil
+			}
+			return func(ctx context.Context) (*guard.Lock, error) { return sem.TryAcquire(ctx) }, nil
+		}
+	}
+	// rw takes the read side when read says so for instance i, else the write side.
+	rw := func(read func(i int) bool, opts ...guard.LockOption) func(*guard.Guard, int, string) (taker, error) {
+		return func(g *guard.Guard, i int, name string) (taker, error) {
+			m, err := g.RWMutex(name)
+			if err != nil {
+				return nil, err
+			}
+			if read(i) {
+				return func(ctx context.Context) (*guard.Lock, error) { return m.RLock(ctx, opts...) }, nil
+			}
+			return func(ctx context.Context) (*guard.Lock, error) { return m.Lock(ctx, opts...) }, nil
+		}
+	}
+	always := func(int) bool { return true }
+	never := func(int) bool { return false }
+	b.Run("SemaphoreAcquireRelease", func(b *testing.B) { benchOp(b, h, semaphore(3)) })
+	b.Run("RLockRelease", func(b *testing.B) { benchOp(b, h, rw(always, guard.WaitTime(0))) })
+	b.Run("WriteLockRelease", func(b *testing.B) { benchOp(b, h, rw(never, guard.WaitTime(0))) })
+	b.Run("AcquireAll4", func(b *testing.B) {
+		benchOp(b, h, func(g *guard.Guard, _ int, name string) (taker, error) {
+			names := []string{name + ":a", name + ":b", name + ":c", name + ":d"}
+			return func(ctx context.Context) (*guard.Lock, error) { return g.AcquireAll(ctx, names, guard.WaitTime(0)) }, nil
+		})
+	})
+	b.Run("SemaphoreHandoff", func(b *testing.B) { benchHandoff(b, h, semaphore(1)) })
+	b.Run("WriterHandoff", func(b *testing.B) { benchHandoff(b, h, rw(never)) })
+	// Instance 0 reads and instance 1 writes: each waits for the other.
+	b.Run("ReadWriteHandoff", func(b *testing.B) { benchHandoff(b, h, rw(func(i int) bool { return i == 0 })) })
+}
+
+// taker takes a lock, as prepared for one Guard and one name.
+type taker func(ctx context.Context) (*guard.Lock, error)
+
+// mutex prepares g's plain lock of name, waiting for it.
+func mutex(g *guard.Guard, _ int, name string) (taker, error) {
+	return func(ctx context.Context) (*guard.Lock, error) { return g.Acquire(ctx, name) }, nil
 }
 
 // benchAcquireRelease takes and gives back one free name: the cost a caller pays when nobody
 // else wants the lock.
 func benchAcquireRelease(b *testing.B, h Harness) {
+	benchOp(b, h, func(g *guard.Guard, _ int, name string) (taker, error) {
+		return func(ctx context.Context) (*guard.Lock, error) { return g.TryAcquire(ctx, name) }, nil
+	})
+}
+
+// benchOp takes a lock on a free name as prepare makes it and gives it back, b.N times, after
+// one warm-up round (statements prepared, scripts loaded, connections open), on a Guard of its
+// own.
+func benchOp(b *testing.B, h Harness, prepare func(g *guard.Guard, i int, name string) (taker, error)) {
 	g, target := newGuard(b, h)
-	name := uniqueName(b)
-	ctx := context.Background()
-	var before int64
-	if target.RoundTrips != nil {
-		before = target.RoundTrips()
+	take, err := prepare(g, 0, uniqueName(b))
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		l, err := g.TryAcquire(ctx, name)
+	ctx := context.Background()
+	once := func() {
+		l, err := take(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -37,20 +101,36 @@ func benchAcquireRelease(b *testing.B, h Harness) {
 			b.Fatal(err)
 		}
 	}
+	once()
+	var before int64
+	if target.RoundTrips != nil {
+		before = target.RoundTrips()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		once()
+	}
 	b.StopTimer()
 	if target.RoundTrips != nil {
 		b.ReportMetric(float64(target.RoundTrips()-before)/float64(b.N), "roundtrips/op")
 	}
 }
 
-// benchHandoff passes one name back and forth between two Guards with their own clients.
-func benchHandoff(b *testing.B, h Harness) {
+// benchHandoff passes one name back and forth between two Guards with their own clients;
+// instance i (0 or 1) takes it as prepare makes it.
+func benchHandoff(b *testing.B, h Harness, prepare func(g *guard.Guard, i int, name string) (taker, error)) {
+	name := uniqueName(b)
 	var lockers [2]Locker
 	var counters []func() int64
 	for i := range lockers {
 		g, target := newGuard(b, h)
-		lockers[i] = func(ctx context.Context, name string) (func() error, error) {
-			l, err := g.Acquire(ctx, name)
+		take, err := prepare(g, i, name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lockers[i] = func(ctx context.Context, _ string) (func() error, error) {
+			l, err := take(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -64,7 +144,7 @@ func benchHandoff(b *testing.B, h Harness) {
 	if len(counters) == len(lockers) {
 		roundTrips = func() int64 { return counters[0]() + counters[1]() }
 	}
-	Handoff(b, uniqueName(b), lockers, roundTrips)
+	Handoff(b, name, lockers, roundTrips)
 }
 
 // Locker takes the lock called name, waiting for it, and returns its release. Benchmarks of

@@ -10,92 +10,19 @@ import (
 )
 
 // BenchmarkPrimitives measures the primitives on a single node, a Cluster and a
-// Sentinel-managed master: an uncontended permit, read lock and write lock (acquire and
-// release), AcquireAll of four names of one Cluster slot and of four names spread over slots,
-// and the hand-over of a permit, and between a reader and a writer, to an instance that waits
-// for it (locktest.Handoff). Each reports allocations and round trips per operation.
+// Sentinel-managed master (locktest.BenchPrimitives: uncontended permits, read and write
+// locks, AcquireAll of four names — spread over slots on a Cluster — and hand-overs), and
+// AcquireAll of four names of one Cluster slot. Each reports allocations and round trips per
+// operation.
 func BenchmarkPrimitives(b *testing.B) {
 	for _, dep := range deployments[:3] {
 		b.Run(dep.name, func(b *testing.B) {
 			d := dep.start(b)
-			b.Run("SemaphoreAcquireRelease", func(b *testing.B) {
-				g, rt := d.guard(b)
-				sem, err := g.Semaphore(uniqueName(b, "sem"), 3)
-				if err != nil {
-					b.Fatal(err)
-				}
-				benchOp(b, rt, func(ctx context.Context) (*guard.Lock, error) { return sem.TryAcquire(ctx) })
-			})
-			b.Run("RLockRelease", func(b *testing.B) {
-				g, rt := d.guard(b)
-				rw, err := g.RWMutex(uniqueName(b, "rw"))
-				if err != nil {
-					b.Fatal(err)
-				}
-				benchOp(b, rt, func(ctx context.Context) (*guard.Lock, error) { return rw.RLock(ctx, guard.WaitTime(0)) })
-			})
-			b.Run("WriteLockRelease", func(b *testing.B) {
-				g, rt := d.guard(b)
-				rw, err := g.RWMutex(uniqueName(b, "rw"))
-				if err != nil {
-					b.Fatal(err)
-				}
-				benchOp(b, rt, func(ctx context.Context) (*guard.Lock, error) { return rw.Lock(ctx, guard.WaitTime(0)) })
-			})
+			locktest.BenchPrimitives(b, d.harness(b))
 			b.Run("AcquireAll4OneSlot", func(b *testing.B) {
 				g, rt := d.guard(b)
 				names := sameSlot(uniqueName(b, "slot"), "a", "b", "c", "d")
 				benchOp(b, rt, func(ctx context.Context) (*guard.Lock, error) { return g.AcquireAll(ctx, names, guard.WaitTime(0)) })
-			})
-			b.Run("AcquireAll4Spread", func(b *testing.B) {
-				g, rt := d.guard(b)
-				base := uniqueName(b, "spread")
-				names := []string{base + ":a", base + ":b", base + ":c", base + ":d"}
-				benchOp(b, rt, func(ctx context.Context) (*guard.Lock, error) { return g.AcquireAll(ctx, names, guard.WaitTime(0)) })
-			})
-			b.Run("SemaphoreHandoff", func(b *testing.B) {
-				var lockers [2]locktest.Locker
-				var counts [2]func() int64
-				for i := range lockers {
-					g, rt := d.guard(b)
-					sem, err := g.Semaphore(uniqueName(b, "handoff"), 1)
-					if err != nil {
-						b.Fatal(err)
-					}
-					lockers[i] = func(ctx context.Context, _ string) (func() error, error) {
-						l, err := sem.Acquire(ctx)
-						if err != nil {
-							return nil, err
-						}
-						return func() error { return l.Release(ctx) }, nil
-					}
-					counts[i] = rt
-				}
-				locktest.Handoff(b, "", lockers, func() int64 { return counts[0]() + counts[1]() })
-			})
-			b.Run("ReadWriteHandoff", func(b *testing.B) {
-				var lockers [2]locktest.Locker
-				var counts [2]func() int64
-				for i := range lockers {
-					g, rt := d.guard(b)
-					rw, err := g.RWMutex(uniqueName(b, "handoff"))
-					if err != nil {
-						b.Fatal(err)
-					}
-					take := rw.RLock // instance 0 reads, instance 1 writes: each waits for the other
-					if i == 1 {
-						take = rw.Lock
-					}
-					lockers[i] = func(ctx context.Context, _ string) (func() error, error) {
-						l, err := take(ctx)
-						if err != nil {
-							return nil, err
-						}
-						return func() error { return l.Release(ctx) }, nil
-					}
-					counts[i] = rt
-				}
-				locktest.Handoff(b, "", lockers, func() int64 { return counts[0]() + counts[1]() })
 			})
 		})
 	}
