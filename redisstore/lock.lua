@@ -191,6 +191,9 @@ local function hand_over(channel, released, retention)
     handed[#handed + 1] = fence_reply(fence)
     handed[#handed + 1] = lease
     handed[#handed + 1] = attempt
+    if not shared then
+      break -- an exclusive holder leaves room for nobody: no need to look at the next one
+    end
   end
   return handed
 end
