@@ -419,7 +419,7 @@ func (g *Guard) sendRelease(ctx context.Context, l *Lock, e ending) error {
 	if g.obs != nil {
 		start = time.Now()
 	}
-	err := g.requestRelease(ctx, l.name, l.token, keep)
+	err := g.requestRelease(ctx, l.name, l.token, keep, &l.releaseCtx)
 	switch {
 	case err == nil:
 		g.waiters.released(l.name, keep > 0)
@@ -447,7 +447,8 @@ func (g *Guard) sendRelease(ctx context.Context, l *Lock, e ending) error {
 // keeps ctx's values and is bounded by the deadline the Guard's releases share (between 4 and
 // 5 s away), then sent again as one cut short. A release whose first request may have been
 // applied and whose second finds the name no longer ours has done its work: it returns nil.
-func (g *Guard) requestRelease(ctx context.Context, name, token string, keep time.Duration) error {
+// bounded is the space for that bounded context: the lock's own (Lock.releaseCtx).
+func (g *Guard) requestRelease(ctx context.Context, name, token string, keep time.Duration, bounded *boundedContext) error {
 	sent := false
 	if ctx.Err() == nil {
 		first := ctx
@@ -455,8 +456,9 @@ func (g *Guard) requestRelease(ctx context.Context, name, token string, keep tim
 			// A driver can wait forever on a connection that died without a word (a dropped
 			// route, a frozen server): a release under a context without a deadline is bounded
 			// too. A timer of its own would cost four allocations and a timer on the path of
-			// every lock; the shared deadline costs one.
-			first = boundedContext{Context: ctx, bound: g.releaseBound()}
+			// every lock; the shared deadline costs none, in the space the caller gives.
+			*bounded = boundedContext{Context: ctx, bound: g.releaseBound()}
+			first = bounded
 		}
 		err := g.backend.Release(first, name, token, keep)
 		if err == nil || errors.Is(err, ErrNotHeld) || first.Err() == nil {

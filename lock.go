@@ -30,6 +30,9 @@ type Lock struct {
 	renewed bool // held by the watchdog (no LeaseTime)
 	start   time.Time
 	heldAt  time.Time // when the grant was learned of
+	// releaseCtx is the context of l's release when the caller's has no deadline (see
+	// requestRelease): l is released once, so it can live here rather than cost an allocation.
+	releaseCtx boundedContext
 
 	outer   *Lock                // for a reentrant handle: the lock it re-entered
 	members []*Lock              // for a multi-lock (AcquireAll): the locks it holds, in canonical order
