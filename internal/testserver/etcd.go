@@ -286,9 +286,11 @@ func (c *EtcdCluster) Leader(tb testing.TB) *EtcdMember {
 	return leader
 }
 
-// Isolate partitions m from its peers: the other members hear nothing from it and it hears
-// nothing from them, until Rejoin. Its clients still reach it (cut them off with
-// m.Client.Blackhole). A leader cut off so steps down once it misses a quorum for an election
+// Isolate partitions m from its peers' raft traffic, until Rejoin: nothing reaches m on its
+// peer port, and on the others' only the connections m's raft transport opens are cut (they
+// name it in X-Server-From). m's other peer requests — a follower forwarding its clients'
+// lease renewals to the leader, hash checks — still get through, so isolate a leader, as the
+// tests do. Its clients still reach it (cut them off with m.Client.Blackhole). A leader cut off so steps down once it misses a quorum for an election
 // timeout, and the others elect a new one.
 func (m *EtcdMember) Isolate(tb testing.TB) {
 	tb.Helper()

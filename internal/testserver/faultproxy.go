@@ -52,7 +52,7 @@ type ProxyStats struct {
 	Conns     int64 // client connections accepted and relayed
 	Active    int   // of those, still open
 	Refused   int64 // client connections reset at once while refusing (Refuse)
-	Reset     int64 // connections reset by Reset
+	Reset     int64 // connections reset by Reset, and by Heal (those that lost bytes)
 	Dropped   int64 // replies swallowed by DropReply faults
 	Delayed   int64 // replies held and then relayed by DelayReply faults
 	Discarded int64 // chunks discarded in a blackhole, both directions
@@ -118,7 +118,8 @@ func (p *FaultProxy) Blackhole() { p.blackholed.Store(true) }
 // does all of them, until Heal. It serves protocols whose connections open with a request
 // that says who dials, such as the peer traffic of a consensus cluster (etcd's peers name
 // themselves in an X-Server-From header): then one peer can be cut off from the others on the
-// proxies in front of them. A later call replaces the choice.
+// proxies in front of them. A later call replaces the choice; connections that lost bytes to
+// the earlier one stay cut until Heal resets them.
 func (p *FaultProxy) BlackholeConns(match func(first []byte) bool) { p.isolated.Store(&match) }
 
 // Heal ends a Blackhole and a BlackholeConns: bytes read from now on are relayed again, on new
@@ -314,20 +315,41 @@ type proxyConn struct {
 const firstChunkKept = 4 << 10
 
 // blackholed reports whether c's bytes are to be discarded now: a partition holds it, or one
-// did and discarded some of its bytes already. Discarding marks c torn.
+// did and discarded some of its bytes already. Discarding marks c torn. A connection marked
+// torn just as Heal ran — after Heal looked for torn ones — is reset here: either Heal sees
+// the mark, or this sees the partition over.
 func (c *proxyConn) blackholed() bool {
 	if c.torn.Load() {
 		return true
 	}
-	cut := c.p.blackholed.Load()
-	if match := c.p.isolated.Load(); !cut && match != nil {
-		first := c.first.Load()
-		cut = first != nil && (*match)(*first)
+	if !c.partitioned() {
+		return false
 	}
-	if cut {
-		c.torn.Store(true)
+	if beforeTorn != nil {
+		beforeTorn(c.p)
 	}
-	return cut
+	c.torn.Store(true)
+	if !c.partitioned() && c.cut(true) {
+		c.p.stats.reset.Add(1)
+	}
+	return true
+}
+
+// beforeTorn, when set by a test, runs between a connection's finding itself partitioned and
+// its marking itself torn: where a Heal can slip in.
+var beforeTorn func(p *FaultProxy)
+
+// partitioned reports whether a partition holds c now.
+func (c *proxyConn) partitioned() bool {
+	if c.p.blackholed.Load() {
+		return true
+	}
+	match := c.p.isolated.Load()
+	if match == nil {
+		return false
+	}
+	first := c.first.Load()
+	return first != nil && (*match)(*first)
 }
 
 // chunk is what one read returned, stamped with when it was read.

@@ -3,6 +3,7 @@ package testserver
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"syscall"
@@ -214,6 +215,40 @@ func TestFaultProxyHealResetsTornConns(t *testing.T) {
 	reply, err = ping(idle)
 	require.NoError(t, err, "a connection idle during the partition was cut")
 	assert.Equal(t, "+PONG\r\n", reply)
+}
+
+// TestFaultProxyHealDuringTear: a Heal that runs while a connection is marking itself torn —
+// after it found the partition, before Heal looked for torn connections — still has it reset
+// (it stayed silent for good: the write went through, and no reply ever came).
+func TestFaultProxyHealDuringTear(t *testing.T) {
+	r := StartRedis(t)
+	p := StartFaultProxy(t, r.Addr)
+	conn, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	healed := make(chan struct{})
+	beforeTorn = func(fp *FaultProxy) {
+		if fp == p {
+			beforeTorn = nil // once; the only connection's reader runs it
+			fp.Heal()
+			close(healed)
+		}
+	}
+	t.Cleanup(func() { beforeTorn = nil })
+
+	p.Blackhole()
+	_, err = conn.Write([]byte("PING\r\n"))
+	require.NoError(t, err)
+	wait(t, healed, "the heal")
+	_, _ = conn.Write([]byte("PING\r\n"))
+	_ = conn.SetReadDeadline(time.Now().Add(faultWait))
+	reply, err := bufio.NewReader(conn).ReadString('\n')
+	require.Error(t, err, "a torn connection went on: %q", reply)
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		assert.False(t, netErr.Timeout(), "the torn connection stayed silent instead of being reset")
+	}
+	assert.Equal(t, int64(1), p.Stats().Reset)
 }
 
 // TestFaultProxyBlackholeConns cuts off the connections of one client, recognised by the name
