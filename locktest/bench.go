@@ -180,15 +180,32 @@ func Handoff(b *testing.B, name string, lockers [2]Locker, roundTrips func() int
 	var wg sync.WaitGroup
 	for me := range 2 {
 		other := 1 - me
+		// pass gives the other instance a turn unless it has one already.
+		pass := func() {
+			select {
+			case turns[other] <- struct{}{}:
+			default:
+			}
+		}
+		// stop ends the run after a failure: the other instance's wait is cut short, and
+		// at its next turn it sees the end.
+		stop := func() {
+			ops.Store(int64(b.N))
+			cancel()
+			pass()
+		}
 		wg.Go(func() {
 			for range turns[me] {
 				if ops.Load() >= int64(b.N) {
-					turns[other] <- struct{}{} // let the other one see the end too
+					pass() // let the other one see the end too
 					return
 				}
 				unlock, err := lockers[me](ctx, name)
 				if err != nil {
-					b.Error(err)
+					if ops.Load() < int64(b.N) { // not the other's stop
+						b.Error(err)
+					}
+					stop()
 					return
 				}
 				if inside.Add(1) != 1 {
@@ -202,6 +219,7 @@ func Handoff(b *testing.B, name string, lockers [2]Locker, roundTrips func() int
 				inside.Add(-1)
 				if err := unlock(); err != nil {
 					b.Error(err)
+					stop()
 					return
 				}
 			}
