@@ -248,7 +248,8 @@ func TestFaultProxyHealDuringTear(t *testing.T) {
 	if errors.As(err, &netErr) {
 		assert.False(t, netErr.Timeout(), "the torn connection stayed silent instead of being reset")
 	}
-	assert.Equal(t, int64(1), p.Stats().Reset)
+	// Counted just after the reset the client saw.
+	assert.Eventually(t, func() bool { return p.Stats().Reset == 1 }, faultWait, time.Millisecond)
 }
 
 // TestFaultProxyBlackholeConns cuts off the connections of one client, recognised by the name
