@@ -172,6 +172,9 @@ func (p *Postgres) start() {
 	// A process group of its own: a signal to the test's group (Ctrl-C) must not reach the
 	// server before the test's cleanup does.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A process the server started that outlives it holds our output pipe: Wait must not wait
+	// for it (Kill kills such strays too).
+	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
 		p.tb.Fatalf("testserver: start postgres: %v", err)
 	}
@@ -228,6 +231,14 @@ func (p *Postgres) Kill() {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	// A backend forked as the list was read escapes it, and may wait forever on a lock that a
+	// killed process held, keeping the shared memory (a restart would refuse to start) and our
+	// output pipe. Every process of the server works in its data directory: kill those too.
+	strays := p.strays(pids)
+	for _, pid := range strays {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	pids = append(pids, strays...)
 	// Our child is runuser (or, when not root, postgres itself): it reaps the postmaster and
 	// exits, and we reap it. Killing runuser first would leave the postmaster a zombie under
 	// init, whose pid a restarted server would take for a live postmaster. The postmaster's
@@ -302,6 +313,27 @@ func (p *Postgres) pids() []int {
 		return nil
 	}
 	return append([]int{pm}, childrenOf(pm)...)
+}
+
+// strays returns the processes, other than known, that work in the server's data directory:
+// its processes that escaped a kill (a backend forked meanwhile), reparented to init.
+func (p *Postgres) strays(known []int) []int {
+	dir, err := filepath.EvalSymlinks(p.Dir)
+	if err != nil {
+		return nil
+	}
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || slices.Contains(known, pid) {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == dir && alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // childrenOf returns the pids whose parent is pid, from /proc.

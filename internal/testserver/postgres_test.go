@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"context"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -37,6 +38,23 @@ func TestStartPostgres(t *testing.T) {
 	})
 
 	t.Run("KillRestart", func(t *testing.T) {
+		// A process of the server that escaped the list of its processes (a backend forked as
+		// the list was read, reparented to init when the postmaster died): Kill finds it by
+		// its working directory. One once hung a chaos run's restart for 17 minutes.
+		stray := exec.Command("sleep", "600")
+		stray.Dir = p.Dir
+		require.NoError(t, stray.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- stray.Wait() }()
+		t.Cleanup(func() { _ = stray.Process.Kill() })
+
+		p.Kill()
+		select {
+		case err := <-exited:
+			assert.Error(t, err, "the stray was killed")
+		case <-time.After(5 * time.Second):
+			t.Error("Kill left a process of the server's running")
+		}
 		p.Kill()
 		p.Kill() // a second Kill is harmless
 		assert.Error(t, conn.Ping(t.Context()), "a killed server must not answer")
