@@ -101,7 +101,7 @@ type Grant struct {
 	// shorter (a hand-over), the rest is claimed after RenewAfter(Granted).
 	Fixed time.Duration
 	// MinHold keeps the name taken until HeldAt + MinHold: Extend never asks the server for
-	// less, and Release says what is left of it.
+	// less, and Release says what is left of it; both add the drift a deadline allows for.
 	MinHold time.Duration
 }
 
@@ -317,7 +317,7 @@ func (s *Scheduler) Extend(ctx context.Context, l *Lease, d time.Duration, send 
 		return NotHeld, ErrEnded
 	}
 	start := time.Now()
-	ttl := max(d, l.keepUntil.Sub(start))
+	ttl := max(d, l.keep(start))
 	// It sets the lease: a claim still to come would undo it.
 	if !control {
 		l.extending, l.claimEnd, l.next = true, time.Time{}, time.Time{}
@@ -367,10 +367,22 @@ func (s *Scheduler) Release(l *Lease) (keep time.Duration, first bool) {
 	}
 	l.state = released
 	l.wake()
-	if !l.keepUntil.IsZero() {
-		keep = max(time.Until(l.keepUntil), 0)
+	return l.keep(time.Now()), true
+}
+
+// keep returns how long from now the server must keep l's name taken for the rest of its
+// MinHold window to pass by our clock: the rest, plus the drift a lease's deadline allows for
+// (watchdog.Drift), so that a server clock that runs up to 1 % fast does not end the window
+// early. Zero when there is no window or it is over.
+func (l *Lease) keep(now time.Time) time.Duration {
+	if l.keepUntil.IsZero() {
+		return 0
 	}
-	return keep, true
+	rest := l.keepUntil.Sub(now)
+	if rest <= 0 {
+		return 0
+	}
+	return rest + watchdog.Drift(rest)
 }
 
 // Deadline returns the current local validity deadline of l.

@@ -402,8 +402,10 @@ func (c *checker) stoppedDuring(proc int, from, to time.Time) bool {
 }
 
 // minHold checks invariant (e): a MinHold window is never shortened — the next holder of the
-// name is granted no sooner than the window ends, by the server's clock — unless the lock was
-// lost, its process stopped, or the server's state was lost or broken meanwhile.
+// name is granted no sooner than MinHold after the grant, in real time, whichever way the
+// server's clock runs within the 1 % allowed for (by the server's clock when the lock was not
+// released but ran out) — unless the lock was lost, its process stopped, or the server's state
+// was lost or broken meanwhile.
 func (c *checker) minHold() {
 	for _, a := range c.h.acqs {
 		if a.minHold == 0 || errors.Is(a.cause, guard.ErrLockLost) || a.name == permitName || a.name == rwName {
@@ -413,7 +415,12 @@ func (c *checker) minHold() {
 		if t == nil {
 			continue
 		}
-		windowEnd := t.start.Add(time.Duration(float64(a.minHold) / (1 + c.r.server.rate)))
+		windowEnd := t.start.Add(a.minHold)
+		if t.why == endExpired {
+			// Not released: the name was taken until the lease ran out, by the server's clock
+			// (a lease no longer than the window, or a holder that stopped renewing).
+			windowEnd = t.start.Add(time.Duration(float64(a.minHold) / (1 + c.r.server.rate)))
+		}
 		if c.disturbed(a.name, t.start, windowEnd) || c.stoppedDuring(a.proc, t.start, windowEnd) {
 			continue
 		}
@@ -428,7 +435,7 @@ func (c *checker) minHold() {
 		c.rep.Checked["minhold"]++
 		for _, next := range c.byName[a.name] {
 			if next.start.After(t.start) && next.token != t.token {
-				if next.start.Before(windowEnd.Add(-time.Millisecond)) {
+				if next.start.Before(windowEnd) {
 					c.fail("(e) %s: p%d's MinHold(%v) window from %v was cut short: fence %d granted at %v (the lock: fence %d, ttl %v, fixed %t, at %v, ended %v: %v; tenure ended %v: %s)",
 						a.name, a.proc, a.minHold, c.at(t.start), next.fence, c.at(next.start),
 						a.fence, a.ttl, a.fixed, c.at(a.at), c.at(a.end), a.cause, c.at(t.end), t.why)

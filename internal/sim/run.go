@@ -102,7 +102,7 @@ func Run(cfg Config) *Report {
 	r := &run{cfg: cfg, epoch: time.Now(), hist: &history{keepTrail: cfg.Trail}, plan: mrand.New(mrand.NewPCG(cfg.Seed, 1))}
 	rate := 0.0
 	if cfg.Faults {
-		rate = (r.plan.Float64() - 0.5) / 100 // the server's clock runs up to 0.5% fast or slow
+		rate = (r.plan.Float64() - 0.5) / 50 // the server's clock runs up to 1% fast or slow: what watchdog.Drift allows
 	}
 	r.server = newServer(r.epoch, rate, cfg.QueueTimeout, cfg.LongPlaces, r.hist)
 	for i := range cfg.Names {
