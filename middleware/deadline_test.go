@@ -91,6 +91,9 @@ func TestUnreadResponse(t *testing.T) {
 				_, _ = io.WriteString(w, big)
 				return
 			}
+			// This request waited for the lock for most of its own WriteTimeout: the write gets a
+			// deadline of its own, as a handler that may wait should.
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(requestTimeout))
 			_, _ = io.WriteString(w, "small")
 		})))
 	srv := httptest.NewUnstartedServer(mux)
