@@ -128,8 +128,14 @@ func testMinHoldRenewalInFlight(t *testing.T, h Harness) {
 
 	next, err := other.Acquire(t.Context(), name, guard.WaitTime(window+10*time.Second))
 	require.NoError(t, err)
-	assert.False(t, next.AcquiredAt().Before(l.AcquiredAt().Add(window)),
-		"taken %v after the first grant, window %v", next.AcquiredAt().Sub(l.AcquiredAt()), window)
+	// The window is measured on our monotonic clock, the server keeps it by its own. A server
+	// on this host (as the tests' are) follows its wall clock, which some hosts step forward
+	// now and then: that ends every lease early on the monotonic clock, as docs/semantics.md
+	// says, but not on the wall clock. The window was kept if it was on either.
+	mono := next.AcquiredAt().Sub(l.AcquiredAt())
+	wall := next.AcquiredAt().Round(0).Sub(l.AcquiredAt().Round(0))
+	assert.True(t, mono >= window || wall >= window,
+		"taken %v after the first grant (%v by the wall clock), window %v", mono, wall, window)
 	require.NoError(t, next.Release(t.Context()))
 }
 

@@ -306,7 +306,8 @@ func testElection(t *testing.T, h Harness) {
 		}
 	}()
 
-	var leading, bad atomic.Int32
+	clock := watchClock(t)
+	var leading, bad, lost atomic.Int32
 	var terms sync.Map // fence → value
 	var wg sync.WaitGroup
 	for i := range candidates {
@@ -330,16 +331,30 @@ func testElection(t *testing.T, h Harness) {
 					assert.Equal(t, fmt.Sprint("candidate-", i), l.Value)
 				}
 				assert.NoError(t, e.Check())
-				time.Sleep(1200 * time.Millisecond) // long enough for Observe to see the term
+				select {
+				case <-time.After(1200 * time.Millisecond): // long enough for Observe to see the term
+				case <-term.Done(): // a leader that lost its term leads no more
+				}
 				leading.Add(-1)
+				if term.Err() != nil {
+					lost.Add(1)
+					_ = e.Resign(t.Context())
+					continue
+				}
 				assert.NoError(t, e.Resign(t.Context()))
 			}
 		})
 	}
 	wg.Wait()
-	assert.Zero(t, bad.Load(), "two leaders at once")
 	cancel()
 	<-observing
+	if (bad.Load() > 0 || lost.Load() > 0) && clock.stepped(t) {
+		// A step forward of the servers' clock ends every lease at once; another candidate may
+		// win before a leader's Guard notices (docs/operations.md#clocks). Nothing to check.
+		return
+	}
+	assert.Zero(t, bad.Load(), "two leaders at once")
+	assert.Zero(t, lost.Load(), "a leader lost its term")
 	var last uint64
 	for _, l := range observed {
 		require.Greater(t, l.Fence, last, "Observe went back in time")
