@@ -187,12 +187,8 @@ func TestFaultProxyBlackhole(t *testing.T) {
 func TestFaultProxyHealResetsTornConns(t *testing.T) {
 	r := StartRedis(t)
 	p := StartFaultProxy(t, r.Addr)
-	torn, err := net.Dial("tcp", p.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = torn.Close() })
-	idle, err := net.Dial("tcp", p.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = idle.Close() })
+	torn := dial(t, p.Addr)
+	idle := dial(t, p.Addr)
 	ping := func(c net.Conn) (string, error) {
 		if _, err := c.Write([]byte("PING\r\n")); err != nil {
 			return "", err
@@ -200,7 +196,7 @@ func TestFaultProxyHealResetsTornConns(t *testing.T) {
 		_ = c.SetReadDeadline(time.Now().Add(faultWait))
 		return bufio.NewReader(c).ReadString('\n')
 	}
-	_, err = ping(idle)
+	_, err := ping(idle)
 	require.NoError(t, err)
 
 	p.Blackhole()
@@ -223,9 +219,7 @@ func TestFaultProxyHealResetsTornConns(t *testing.T) {
 func TestFaultProxyHealDuringTear(t *testing.T) {
 	r := StartRedis(t)
 	p := StartFaultProxy(t, r.Addr)
-	conn, err := net.Dial("tcp", p.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := dial(t, p.Addr)
 	healed := make(chan struct{})
 	beforeTorn = func(fp *FaultProxy) {
 		if fp == p {
@@ -237,7 +231,7 @@ func TestFaultProxyHealDuringTear(t *testing.T) {
 	t.Cleanup(func() { beforeTorn = nil })
 
 	p.Blackhole()
-	_, err = conn.Write([]byte("PING\r\n"))
+	_, err := conn.Write([]byte("PING\r\n"))
 	require.NoError(t, err)
 	wait(t, healed, "the heal")
 	_, _ = conn.Write([]byte("PING\r\n"))
@@ -281,11 +275,9 @@ func TestFaultProxyBlackholeConns(t *testing.T) {
 // TestFaultProxyResetRefuse resets open connections, then refuses new ones until allowed.
 func TestFaultProxyResetRefuse(t *testing.T) {
 	p, via, _ := proxied(t, nil)
-	conn, err := net.Dial("tcp", p.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := dial(t, p.Addr)
 	rd := bufio.NewReader(conn)
-	_, err = conn.Write([]byte(resp("PING")))
+	_, err := conn.Write([]byte(resp("PING")))
 	require.NoError(t, err)
 	line, err := rd.ReadString('\n')
 	require.NoError(t, err)
@@ -317,6 +309,15 @@ func TestFaultProxyServerGone(t *testing.T) {
 	p := StartFaultProxy(t, r.Addr)
 	r.Kill()
 	require.ErrorIs(t, dialAndRead(p.Addr), syscall.ECONNRESET)
+}
+
+// dial connects to addr, and closes the connection when the test ends.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // dialAndRead connects to addr and reads a line: the error of the dial (a reset can come
