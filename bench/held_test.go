@@ -38,6 +38,7 @@ type heldResult struct {
 	commands float64 // commands the server ran per second meanwhile
 	lost     int     // locks lost by the end
 	perLock  float64 // heap bytes per held lock (the Guard's and the locks' own)
+	allocs   float64 // heap allocations per renewal (each lock is renewed every heldTTL/3)
 }
 
 // BenchmarkHeld holds each size of -held.sizes watchdog locks on one Guard, on a redis-server
@@ -56,6 +57,7 @@ func BenchmarkHeld(b *testing.B) {
 				b.ReportMetric(r.commands, "cmds/s")
 				b.ReportMetric(float64(r.lost), "lost")
 				b.ReportMetric(r.perLock, "B/lock")
+				b.ReportMetric(r.allocs, "allocs/renewal")
 			}
 		})
 	}
@@ -147,6 +149,8 @@ func runHeld(tb testing.TB, n int, run time.Duration) heldResult {
 	// rest are taken.
 	time.Sleep(heldTTL / 3)
 	cmds0, srv0 := commands(tb, srv.Addr), serverCPU(tb, client)
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
 	cpu0, wall0 := cpuTime(), time.Now()
 	if *heldProfile != "" {
 		f, err := os.Create(*heldProfile)
@@ -163,6 +167,8 @@ func runHeld(tb testing.TB, n int, run time.Duration) heldResult {
 		pprof.StopCPUProfile()
 	}
 	cpu, wall := cpuTime()-cpu0, time.Since(wall0)
+	runtime.ReadMemStats(&m1)
+	renewals := float64(n) * wall.Seconds() / (heldTTL / 3).Seconds()
 	cmds := commands(tb, srv.Addr) - cmds0
 	srvCPU := serverCPU(tb, client) - srv0
 	lost := 0
@@ -179,7 +185,8 @@ func runHeld(tb testing.TB, n int, run time.Duration) heldResult {
 	}
 	return heldResult{held: n, cpu: 100 * cpu.Seconds() / wall.Seconds(),
 		srvCPU:   100 * srvCPU.Seconds() / wall.Seconds(),
-		commands: float64(cmds) / wall.Seconds(), lost: lost, perLock: perLock}
+		commands: float64(cmds) / wall.Seconds(), lost: lost, perLock: perLock,
+		allocs: float64(m1.Mallocs-m0.Mallocs) / renewals}
 }
 
 // commands returns how many scripts (EVALSHA and EVAL: the commands a Guard sends) the server

@@ -41,10 +41,27 @@ func (s *Store) Extend(ctx context.Context, leases []guard.Lease) []error {
 
 // extendCall is one extend.lua: the leases at indexes at, all of one Cluster slot.
 type extendCall struct {
-	at   []int
-	keys []string
-	args []any
-	cmd  *redis.Cmd
+	at     []int
+	keys   []string // 4 a lease
+	tokens []string
+	ttls   []any // each lease's TTL in milliseconds, one boxed value while they repeat
+	cmd    *redis.Cmd
+}
+
+// command returns c's command: name (evalsha or eval) and script (its hash or source), the
+// keys, then the arguments. Keys and tokens go in as pointers into c's slices, which go-redis
+// writes as the strings they point to: boxing each string instead would allocate once a key.
+func (c *extendCall) command(name, script string) []any {
+	args := make([]any, 0, 4+len(c.keys)+2*len(c.tokens))
+	args = append(args, name, script, len(c.keys))
+	for i := range c.keys {
+		args = append(args, &c.keys[i])
+	}
+	args = append(args, retentionArg)
+	for i := range c.tokens {
+		args = append(args, &c.tokens[i], c.ttls[i])
+	}
+	return args
 }
 
 // extendCalls groups leases into calls of extend.lua: by Cluster slot (one group on a single
@@ -72,8 +89,7 @@ func (s *Store) extendCalls(leases []guard.Lease, errs []error) []*extendCall {
 		}
 		if c == nil || len(c.at) == extendChunk {
 			n := min(len(leases)-i, extendChunk)
-			c = &extendCall{at: make([]int, 0, n), keys: make([]string, 0, 4*n), args: make([]any, 1, 1+2*n)}
-			c.args[0] = retentionArg
+			c = &extendCall{at: make([]int, 0, n), keys: make([]string, 0, 4*n), tokens: make([]string, 0, n), ttls: make([]any, 0, n)}
 			calls = append(calls, c)
 			if s.cluster != nil {
 				open[slot] = c
@@ -86,7 +102,8 @@ func (s *Store) extendCalls(leases []guard.Lease, errs []error) []*extendCall {
 		}
 		c.at = append(c.at, i)
 		c.keys = s.extendKeys(c.keys, l.Name)
-		c.args = append(c.args, l.Token, ttlArg)
+		c.tokens = append(c.tokens, l.Token)
+		c.ttls = append(c.ttls, ttlArg)
 	}
 	return calls
 }
@@ -159,9 +176,9 @@ func (s *Store) extendPipeline(ctx context.Context, c redis.Cmdable, calls []*ex
 		_, _ = c.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, call := range calls {
 				if useSHA {
-					call.cmd = extendScript.EvalSha(ctx, pipe, call.keys, call.args...)
+					call.cmd = pipe.Do(ctx, call.command("evalsha", extendScript.Hash())...)
 				} else {
-					call.cmd = extendScript.Eval(ctx, pipe, call.keys, call.args...)
+					call.cmd = pipe.Do(ctx, call.command("eval", extendSrc)...)
 				}
 			}
 			if wait {

@@ -467,8 +467,23 @@ func (s *Scheduler) arm(t time.Time) {
 	}
 }
 
-// callback is one call the scheduler makes for a lease after letting go of mu.
-type callback func()
+// callback is one call the scheduler makes to a lease's Owner after letting go of mu: a
+// value, not a closure, so that telling 100,000 owners of their renewals allocates nothing.
+type callback struct {
+	owner    Owner // nil: no call
+	kind     callbackKind
+	deadline time.Time // Renewed's
+	reason   EndReason // Ended's
+	err      error     // RenewFailed's, or Ended's last error
+}
+
+type callbackKind uint8
+
+const (
+	renewedCall callbackKind = iota
+	failedCall
+	endedCall
+)
 
 func (s *Scheduler) loop(ctx context.Context) {
 	defer close(s.done)
@@ -476,6 +491,7 @@ func (s *Scheduler) loop(ctx context.Context) {
 	defer inflight.Wait()
 	defer s.timer.Stop()
 	look := true
+	var cbs []callback // settle's, reused: a batch of 4,096 renewals tells as many owners
 	for {
 		if look {
 			s.run(s.step(ctx, &inflight))
@@ -486,7 +502,9 @@ func (s *Scheduler) loop(ctx context.Context) {
 		case <-s.timer.C:
 			look = true
 		case r := <-s.results:
-			s.run(s.settle(r))
+			cbs = s.settle(r, cbs[:0])
+			s.run(cbs)
+			clear(cbs) // let go of the owners
 			// Unless renewals wait for a batch to come back, the timer knows when the next
 			// one is due: a Guard with many leases does not look at all of them per answer.
 			look = s.mustLook()
@@ -738,11 +756,11 @@ func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time
 	return false
 }
 
-// settle applies the answers of a batch. A watchdog lease renewed by two requests keeps the
+// settle applies the answers of a batch and appends the calls to make to cbs. A watchdog lease renewed by two requests keeps the
 // later deadline: whatever order the server ran them in, its lease ends no sooner than the
 // later start plus the TTL. A batch that was out while the host was found suspended counts
 // from a start moved back by the time away: its start was read on the stopped clock.
-func (s *Scheduler) settle(r batchResult) []callback {
+func (s *Scheduler) settle(r batchResult, cbs []callback) []callback {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.batches--
@@ -752,55 +770,59 @@ func (s *Scheduler) settle(r batchResult) []callback {
 	}
 	s.answeredAt = now
 	r.start = r.start.Add(-(s.awaySum - r.away))
-	var cbs []callback
 	for i, l := range r.leases {
 		l.inFlight--
+		if l.state == live {
+			res, err := Failed, error(nil)
+			if i < len(r.results) {
+				res = r.results[i]
+			}
+			if i < len(r.errs) {
+				err = r.errs[i]
+			}
+			cbs = s.apply(l, res, err, r.ttls[i], r.start, now, cbs)
+		}
 		if l.inFlight == 0 {
-			defer l.wake() // after the answer is applied
+			l.wake() // after the answer is applied; not deferred, which allocates per lease
 		}
-		if l.state != live {
-			continue
+	}
+	return cbs
+}
+
+// apply applies the answer res (err) to a request for ttl of live lease l, sent at start and
+// answered by now, and appends the call to make to cbs. s.mu must be held.
+func (s *Scheduler) apply(l *Lease, res Result, err error, ttl time.Duration, start, now time.Time, cbs []callback) []callback {
+	switch res {
+	case Renewed:
+		if d := watchdog.Deadline(start, l.trust(ttl)); d.After(l.deadline) {
+			l.setDeadline(d)
+			l.span = l.trust(ttl)
 		}
-		res, err := Failed, error(nil)
-		if i < len(r.results) {
-			res = r.results[i]
+		if l.renew > 0 {
+			if n := start.Add(watchdog.RenewAfter(l.renew)); n.After(l.next) {
+				l.next = n
+			}
+		} else {
+			l.claimEnd, l.next = time.Time{}, time.Time{} // claimed
 		}
-		if i < len(r.errs) {
-			err = r.errs[i]
+		l.lastErr = nil
+		if l.Owner != nil {
+			cbs = append(cbs, callback{owner: l.Owner, kind: renewedCall, deadline: l.deadline})
 		}
-		ttl := r.ttls[i]
-		switch res {
-		case Renewed:
-			if d := watchdog.Deadline(r.start, l.trust(ttl)); d.After(l.deadline) {
-				l.setDeadline(d)
-				l.span = l.trust(ttl)
-			}
-			if l.renew > 0 {
-				if n := r.start.Add(watchdog.RenewAfter(l.renew)); n.After(l.next) {
-					l.next = n
-				}
-			} else {
-				l.claimEnd, l.next = time.Time{}, time.Time{} // claimed
-			}
-			l.lastErr = nil
-			if o, d := l.Owner, l.deadline; o != nil {
-				cbs = append(cbs, func() { o.Renewed(d) })
-			}
-		case NotHeld:
-			cbs = append(cbs, s.end(l, Lost))
-		default:
-			if err == nil {
-				err = errors.New("watchdog: no answer for this lease")
-			}
-			l.lastErr = err
-			l.distrust(ttl)
-			if l.inFlight == 0 {
-				l.next = now.Add(watchdog.RetryAfter(max(l.requestTTL(now), 0)))
-				s.arm(l.next)
-			}
-			if o := l.Owner; o != nil {
-				cbs = append(cbs, func() { o.RenewFailed(err) })
-			}
+	case NotHeld:
+		cbs = append(cbs, s.end(l, Lost))
+	default:
+		if err == nil {
+			err = errors.New("watchdog: no answer for this lease")
+		}
+		l.lastErr = err
+		l.distrust(ttl)
+		if l.inFlight == 0 {
+			l.next = now.Add(watchdog.RetryAfter(max(l.requestTTL(now), 0)))
+			s.arm(l.next)
+		}
+		if l.Owner != nil {
+			cbs = append(cbs, callback{owner: l.Owner, kind: failedCall, err: err})
 		}
 	}
 	return cbs
@@ -811,18 +833,20 @@ func (s *Scheduler) end(l *Lease, reason EndReason) callback {
 	s.leases.Remove(l)
 	l.state = ended
 	l.wake()
-	o, err := l.Owner, l.lastErr
-	if o == nil {
-		return nil
-	}
-	return func() { o.Ended(reason, err) }
+	return callback{owner: l.Owner, kind: endedCall, reason: reason, err: l.lastErr}
 }
 
 // run makes the callbacks, one at a time, holding no lock.
 func (s *Scheduler) run(cbs []callback) {
 	for _, cb := range cbs {
-		if cb != nil {
-			cb()
+		switch o := cb.owner; {
+		case o == nil:
+		case cb.kind == renewedCall:
+			o.Renewed(cb.deadline)
+		case cb.kind == failedCall:
+			o.RenewFailed(cb.err)
+		default:
+			o.Ended(cb.reason, cb.err)
 		}
 	}
 }
