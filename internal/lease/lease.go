@@ -283,7 +283,11 @@ func (s *Scheduler) Add(l *Lease, g Grant) {
 	}
 	// The loop looks at the clocks at least every heartbeat while it holds leases (a
 	// suspended host): it may have gone to sleep with none.
-	s.arm(time.Now().Add(heartbeat(l.deadline.Sub(g.Start))))
+	held := g.HeldAt // read as the grant came back: one clock reading less per lock
+	if held.IsZero() {
+		held = time.Now()
+	}
+	s.arm(held.Add(heartbeat(l.deadline.Sub(g.Start))))
 }
 
 // heartbeat is how often the loop looks at the clocks while it holds a lease of about ttl.
@@ -367,6 +371,9 @@ func (s *Scheduler) Release(l *Lease) (keep time.Duration, first bool) {
 	}
 	l.state = released
 	l.wake()
+	if l.keepUntil.IsZero() {
+		return 0, true // no window: no clock reading
+	}
 	return l.keep(time.Now()), true
 }
 
