@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +27,17 @@ import (
 type rueidisTrialBackend struct {
 	c       rueidis.Client
 	scripts *rueidisScripts
-	extend  string // extend.lua's source, for NOSCRIPT
+	extend  string   // extend.lua's source, for NOSCRIPT
+	keys    sync.Map // name → *scriptLock: its keys, built once, as redisstore caches them
+}
+
+// keysOf returns name's keys, built on its first use.
+func (b *rueidisTrialBackend) keysOf(name string) *scriptLock {
+	if l, ok := b.keys.Load(name); ok {
+		return l.(*scriptLock)
+	}
+	l, _ := b.keys.LoadOrStore(name, newScriptLock(name, 0))
+	return l.(*scriptLock)
 }
 
 var _ guard.Backend = (*rueidisTrialBackend)(nil)
@@ -46,7 +57,7 @@ func (b *rueidisTrialBackend) Acquire(ctx context.Context, r guard.Request) (uin
 	if r.Wait || r.Shared {
 		return 0, errors.New("rueidis trial: only exclusive TryAcquire")
 	}
-	l := newScriptLock(r.Name, 0)
+	l := b.keysOf(r.Name)
 	vals, err := b.scripts.evalsha(ctx, b.scripts.acquire, b.scripts.acquireSrc, l.keys,
 		r.Token, ms(r.TTL), r.Instance, r.Label, retentionStr, "0", strconv.Itoa(r.Attempt), r.Value, "-1").ToArray()
 	if err != nil {
@@ -83,7 +94,7 @@ func (b *rueidisTrialBackend) Extend(ctx context.Context, leases []guard.Lease) 
 		args := make([]string, 1, 1+2*(to-from))
 		args[0] = retentionStr
 		for _, l := range leases[from:to] {
-			keys = append(keys, newScriptLock(l.Name, 0).extend...)
+			keys = append(keys, b.keysOf(l.Name).extend...)
 			args = append(args, l.Token, ms(l.TTL))
 		}
 		calls = append(calls, call{from, to})
@@ -106,7 +117,7 @@ func (b *rueidisTrialBackend) Extend(ctx context.Context, leases []guard.Lease) 
 }
 
 func (b *rueidisTrialBackend) Release(ctx context.Context, name, token string, keep time.Duration) error {
-	l := newScriptLock(name, 0)
+	l := b.keysOf(name)
 	keepArg := "0"
 	if keep > 0 {
 		keepArg = ms(keep)
@@ -151,7 +162,8 @@ func BenchmarkGuardOnRueidis(b *testing.B) {
 		open func(tb testing.TB) locker
 	}{
 		{"redisstore", func(tb testing.TB) locker {
-			client, _ := newClient(tb, srv.Addr)
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			tb.Cleanup(func() { _ = client.Close() })
 			return libs[0].open(tb, client)
 		}},
 		// go-redis with a connection for each goroutine: its default pool (10 a CPU, 20
