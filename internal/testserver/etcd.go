@@ -86,7 +86,54 @@ func StartEtcd(tb testing.TB) *EtcdCluster { return StartEtcdCluster(tb, 1) }
 // StartEtcdCluster starts a cluster of n etcd members (three for a cluster that survives the
 // loss of one) on free loopback ports, each in a temporary directory of its own, and waits
 // until every member serves and they agree on a leader. They are killed when the test ends.
+// A port taken by another process between its choice and etcd's bind (tests of other packages
+// pick free ports at the same time) makes it start the cluster again on new ports, up to three
+// times in all.
 func StartEtcdCluster(tb testing.TB, n int) *EtcdCluster {
+	tb.Helper()
+	for attempt := 1; ; attempt++ {
+		c := newEtcdCluster(tb, n)
+		// The members of a new cluster wait for each other: start them all, then wait.
+		for _, m := range c.Members {
+			m.launch(tb)
+		}
+		var err error
+		for _, m := range c.Members {
+			if err = m.healthy(); err != nil {
+				err = fmt.Errorf("testserver: %s on %s is not healthy: %w\n%s\n%s", m.Name, m.Addr, err, m.Output(), c.others(m))
+				break
+			}
+		}
+		if err == nil {
+			c.Leader(tb)
+			return c
+		}
+		if attempt == 3 || !c.portTaken() {
+			tb.Fatal(err)
+		}
+		tb.Logf("testserver: etcd could not bind a port chosen for it; starting the cluster again on new ports")
+		for _, m := range c.Members {
+			m.Kill()
+		}
+	}
+}
+
+// etcdPortChosen, when set, hears each member's client address once it is chosen: tests take
+// one of them to show what a port taken before etcd binds it does.
+var etcdPortChosen func(addr string)
+
+// portTaken reports whether a member exited because its port was taken.
+func (c *EtcdCluster) portTaken() bool {
+	for _, m := range c.Members {
+		if m.Exited() && strings.Contains(m.Output(), "address already in use") {
+			return true
+		}
+	}
+	return false
+}
+
+// newEtcdCluster makes the members of a new cluster of n on free ports, not started.
+func newEtcdCluster(tb testing.TB, n int) *EtcdCluster {
 	tb.Helper()
 	bin := etcd.binary(tb)
 	c := &EtcdCluster{}
@@ -94,6 +141,9 @@ func StartEtcdCluster(tb testing.TB, n int) *EtcdCluster {
 	for i := range n {
 		m := &EtcdMember{Name: "m" + strconv.Itoa(i), Dir: filepath.Join(tb.TempDir(), "data"), cluster: c}
 		m.Process = &Process{Name: "etcd " + m.Name, Addr: loopback(tb)}
+		if etcdPortChosen != nil {
+			etcdPortChosen(m.Addr)
+		}
 		m.Client = StartFaultProxy(tb, m.Addr)
 		peer := loopback(tb)
 		m.Peer = StartFaultProxy(tb, peer)
@@ -114,14 +164,6 @@ func StartEtcdCluster(tb testing.TB, n int) *EtcdCluster {
 		m.path, m.out = bin, &syncBuffer{}
 		tb.Cleanup(m.Kill)
 	}
-	// The members of a new cluster wait for each other: start them all, then wait.
-	for _, m := range c.Members {
-		m.launch(tb)
-	}
-	for _, m := range c.Members {
-		m.waitHealthy(tb)
-	}
-	c.Leader(tb)
 	return c
 }
 
@@ -176,9 +218,17 @@ func (c *EtcdCluster) RestartAll(tb testing.TB) {
 // waitHealthy waits until the member answers /health with a leader.
 func (m *EtcdMember) waitHealthy(tb testing.TB) {
 	tb.Helper()
+	if err := m.healthy(); err != nil {
+		tb.Fatalf("testserver: %s on %s is not healthy: %v\n%s\n%s", m.Name, m.Addr, err, m.Output(), m.cluster.others(m))
+	}
+}
+
+// healthy waits until the member answers /health with a leader, or gives up after
+// readyTimeout or when the member exits.
+func (m *EtcdMember) healthy() error {
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	err := poll(ctx, 20*time.Millisecond, func() error {
+	return poll(ctx, 20*time.Millisecond, func() error {
 		if m.Exited() {
 			return errExited
 		}
@@ -191,9 +241,6 @@ func (m *EtcdMember) waitHealthy(tb testing.TB) {
 		}
 		return nil
 	})
-	if err != nil {
-		tb.Fatalf("testserver: %s on %s is not healthy: %v\n%s\n%s", m.Name, m.Addr, err, m.Output(), m.cluster.others(m))
-	}
 }
 
 // others describes the members other than m, for a failure message: whether each runs, and

@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"context"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -46,4 +47,33 @@ func leaderAmong(t *testing.T, c *EtcdCluster, out *EtcdMember) *EtcdMember {
 		}
 	}
 	return others.Leader(t)
+}
+
+// TestEtcdPortTaken: another process binds a member's port between its choice and etcd's bind
+// (tests of other packages pick free ports at the same time). The cluster starts again on new
+// ports rather than failing; on the old code it failed with "address already in use", as it
+// did once in a full run.
+func TestEtcdPortTaken(t *testing.T) {
+	var taken net.Listener
+	etcdPortChosen = func(addr string) {
+		if taken != nil {
+			return
+		}
+		l, err := net.Listen("tcp", addr)
+		require.NoError(t, err)
+		taken = l
+	}
+	t.Cleanup(func() {
+		etcdPortChosen = nil
+		if taken != nil {
+			_ = taken.Close()
+		}
+	})
+	c := StartEtcdCluster(t, 3)
+	require.NotNil(t, taken)
+	for _, m := range c.Members {
+		assert.NotEqual(t, taken.Addr().String(), m.Addr, "a member on the taken port")
+	}
+	_, err := c.Members[0].Status(context.Background())
+	require.NoError(t, err)
 }
