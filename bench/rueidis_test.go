@@ -69,6 +69,7 @@ var (
 
 // scriptLock is one name's keys as the Store sends them, and a token.
 type scriptLock struct {
+	name    string
 	keys    []string // lock, fence, queue, waiters, shared, holders
 	channel string   // the release channel
 	extend  []string // extend.lua's keys: lock, fence, shared, holders
@@ -76,9 +77,15 @@ type scriptLock struct {
 }
 
 func newScriptLock(name string, i int) *scriptLock {
+	l := scriptKeys(name)
+	l.token = fmt.Sprintf("%026d", i) // 26 characters, as guard's tokens
+	return l
+}
+
+// scriptKeys returns name's keys, with no token.
+func scriptKeys(name string) *scriptLock {
 	base := scriptPrefix + "{" + name + "}"
-	l := &scriptLock{channel: base + ":released",
-		token: fmt.Sprintf("%026d", i)} // 26 characters, as guard's tokens
+	l := &scriptLock{name: name, channel: base + ":released"}
 	for _, s := range []string{"", ":fence", ":queue", ":waiters", ":shared", ":holders"} {
 		l.keys = append(l.keys, base+s)
 	}

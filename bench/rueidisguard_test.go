@@ -12,8 +12,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,17 +28,22 @@ import (
 type rueidisTrialBackend struct {
 	c       rueidis.Client
 	scripts *rueidisScripts
-	extend  string   // extend.lua's source, for NOSCRIPT
-	keys    sync.Map // name → *scriptLock: its keys, built once, as redisstore caches them
+	extend  string // extend.lua's source, for NOSCRIPT
+	// keys caches names' keys as redisstore's keyCache does (redisstore/call.go): 64 places,
+	// a name's keys replaced by any other name's that hashes to its place.
+	seed maphash.Seed
+	keys [64]atomic.Pointer[scriptLock]
 }
 
-// keysOf returns name's keys, built on its first use.
+// keysOf returns name's keys, from the cache when they are there.
 func (b *rueidisTrialBackend) keysOf(name string) *scriptLock {
-	if l, ok := b.keys.Load(name); ok {
-		return l.(*scriptLock)
+	e := &b.keys[maphash.String(b.seed, name)&uint64(len(b.keys)-1)]
+	if l := e.Load(); l != nil && l.name == name {
+		return l
 	}
-	l, _ := b.keys.LoadOrStore(name, newScriptLock(name, 0))
-	return l.(*scriptLock)
+	l := scriptKeys(name)
+	e.Store(l)
+	return l
 }
 
 var _ guard.Backend = (*rueidisTrialBackend)(nil)
@@ -45,7 +51,7 @@ var _ guard.Backend = (*rueidisTrialBackend)(nil)
 func newRueidisTrialBackend(tb testing.TB, addr string) *rueidisTrialBackend {
 	src := loadStoreScripts(tb)
 	sc := openRueidis(tb, addr, src, rueidis.ClientOption{}).(*rueidisScripts)
-	return &rueidisTrialBackend{c: sc.c, scripts: sc, extend: src.extend}
+	return &rueidisTrialBackend{c: sc.c, scripts: sc, extend: src.extend, seed: maphash.MakeSeed()}
 }
 
 // ms is d in whole milliseconds, rounded up, as redisstore sends leases.

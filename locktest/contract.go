@@ -229,9 +229,10 @@ func testExtendDuplicate(t *testing.T, h Harness) {
 			if lastLong {
 				assert.Greater(t, left, long-time.Minute, "the first lease of the lock stood, not the last")
 			} else {
-				// A store may round a lease up to its clock's resolution (MongoDB's dates are in
-				// milliseconds): the first lease standing would leave minutes more.
-				assert.LessOrEqual(t, left, short+time.Millisecond, "the first lease of the lock stood, not the last")
+				// A store that estimates the server's clock reports a lease a little longer than
+				// asked (mongostore: its clock's uncertainty twice, and a millisecond of rounding
+				// up); the first lease standing would leave minutes more.
+				assert.LessOrEqual(t, left, short+time.Minute, "the first lease of the lock stood, not the last")
 			}
 			assert.Greater(t, remaining(t, b, other), 4*time.Minute)
 			require.NoError(t, b.Release(t.Context(), name, held.Token, 0))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -114,6 +115,9 @@ func StartEtcdCluster(tb testing.TB, n int) *EtcdCluster {
 		tb.Logf("testserver: etcd could not bind a port chosen for it; starting the cluster again on new ports")
 		for _, m := range c.Members {
 			m.Kill()
+			m.Client.Close()
+			m.Peer.Close()
+			_ = os.RemoveAll(m.Dir) // etcd sets 64 MB aside for each member's log
 		}
 	}
 }
