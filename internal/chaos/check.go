@@ -347,16 +347,26 @@ func (h *History) checkWindows(r *Report, acqs []*Acquisition) {
 	}
 }
 
-// lostData reports whether a wipe of a's name happened while a held the lock and before b
-// was granted: the overlap of a and b is then the documented effect of data loss.
+// lostData reports whether the overlap of a and b (b granted after a, by their replies) is the
+// documented effect of data loss: a wipe of their name that lost one of the two grants.
 //
-// "While a held the lock" starts when a's call began, not when its reply came back: the
-// server may grant a, be killed, and the reply reach a's client after the crash began (the
-// wipe then lost the grant as surely as one answered earlier). A wipe that began before a's
-// call cannot have lost a's grant: the server was down until the wipe was over.
+//   - a's: the wipe began while a held the lock and before b was granted. "While a held the
+//     lock" starts when a's call began, not when its reply came back: the server may grant a,
+//     be killed, and the reply reach a's client after the crash began (the wipe then lost the
+//     grant as surely as one answered earlier). A wipe that began before a's call cannot have
+//     lost a's grant: the server was down until the wipe was over.
+//   - b's: b's call began before the wipe and its reply came after the wipe began, while a's
+//     call began after it. The server that was wiped may have granted b, its reply held up on
+//     the way (a delayed reply) until after a was granted by the restarted server.
 func (h *History) lostData(a *Acquisition, aEnd int64, b *Acquisition) bool {
 	for _, w := range h.Wipes {
-		if w.affects(a.Name) && w.From >= a.Start && w.From < aEnd && w.From < b.Grant {
+		if !w.affects(a.Name) {
+			continue
+		}
+		if w.From >= a.Start && w.From < aEnd && w.From < b.Grant {
+			return true
+		}
+		if b.Start <= w.From && w.From < b.Grant && a.Start >= w.From {
 			return true
 		}
 	}

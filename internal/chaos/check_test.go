@@ -184,6 +184,30 @@ func TestCheck(t *testing.T) {
 		},
 		want: chaos.Report{DataLossOverlaps: 1, Linearizable: "ok"},
 	}, {
+		name: "data loss: a grant of the wiped server answered after one of the restarted server",
+		build: func(b *history) {
+			// The server granted c before it was killed at 100 ms; c's reply was held up
+			// until 196 ms. Meanwhile the restarted server, which lost c's grant, granted a
+			// (called at 160 ms, answered at 195 ms). Seen in a chaos run on Redis.
+			c := b.grant(1, "x", 1, 0, 196, 600)
+			b.h.Wipes = append(b.h.Wipes, chaos.Wipe{Names: []string{"x"}, From: ms(100), To: ms(150)})
+			a := b.grant(0, "x", 1_000_000, 160, 195, 600)
+			b.released(1, c, 198)
+			b.released(0, a, 200)
+		},
+		want: chaos.Report{DataLossOverlaps: 1, Linearizable: "ok"},
+	}, {
+		name: "no data loss: a grant answered late, behind a newer grant, with no wipe between",
+		build: func(b *history) {
+			c := b.grant(1, "x", 1, 0, 196, 600)
+			b.h.Wipes = append(b.h.Wipes, chaos.Wipe{Names: []string{"x"}, From: ms(300), To: ms(350)})
+			a := b.grant(0, "x", 2, 160, 195, 600)
+			b.released(1, c, 198)
+			b.released(0, a, 200)
+		},
+		want: chaos.Report{Overlaps: 1, Outlived: 1, Linearizable: "illegal"},
+		fail: true,
+	}, {
 		name: "data loss that resets the fence",
 		build: func(b *history) {
 			a := b.grant(0, "x", 7, 0, 2, 600)
