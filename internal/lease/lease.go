@@ -763,9 +763,9 @@ func (s *Scheduler) send(ctx context.Context, inflight *sync.WaitGroup, now time
 	return false
 }
 
-// settle applies the answers of a batch and appends the calls to make to cbs. A watchdog lease renewed by two requests keeps the
-// later deadline: whatever order the server ran them in, its lease ends no sooner than the
-// later start plus the TTL. A batch that was out while the host was found suspended counts
+// settle applies the answers of a batch and appends the calls to make to cbs. A watchdog
+// lease renewed by two requests keeps the later deadline: whatever order the server ran them
+// in, its lease ends no sooner than the later start plus the TTL. A batch that was out while the host was found suspended counts
 // from a start moved back by the time away: its start was read on the stopped clock.
 func (s *Scheduler) settle(r batchResult, cbs []callback) []callback {
 	s.mu.Lock()

@@ -101,7 +101,6 @@ func StartEtcdCluster(tb testing.TB, n int) *EtcdCluster {
 		var err error
 		for _, m := range c.Members {
 			if err = m.healthy(); err != nil {
-				err = fmt.Errorf("testserver: %s on %s is not healthy: %w\n%s\n%s", m.Name, m.Addr, err, m.Output(), c.others(m))
 				break
 			}
 		}
@@ -223,16 +222,16 @@ func (c *EtcdCluster) RestartAll(tb testing.TB) {
 func (m *EtcdMember) waitHealthy(tb testing.TB) {
 	tb.Helper()
 	if err := m.healthy(); err != nil {
-		tb.Fatalf("testserver: %s on %s is not healthy: %v\n%s\n%s", m.Name, m.Addr, err, m.Output(), m.cluster.others(m))
+		tb.Fatal(err)
 	}
 }
 
-// healthy waits until the member answers /health with a leader, or gives up after
-// readyTimeout or when the member exits.
+// healthy waits until the member answers /health with a leader. It gives up after
+// readyTimeout or when the member exits, with an error that shows the cluster's output.
 func (m *EtcdMember) healthy() error {
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	return poll(ctx, 20*time.Millisecond, func() error {
+	err := poll(ctx, 20*time.Millisecond, func() error {
 		if m.Exited() {
 			return errExited
 		}
@@ -245,6 +244,10 @@ func (m *EtcdMember) healthy() error {
 		}
 		return nil
 	})
+	if err != nil {
+		return fmt.Errorf("testserver: %s on %s is not healthy: %w\n%s\n%s", m.Name, m.Addr, err, m.Output(), m.cluster.others(m))
+	}
+	return nil
 }
 
 // others describes the members other than m, for a failure message: whether each runs, and
