@@ -16,7 +16,8 @@ import (
 // kept in a small cache (a release follows the acquisition of the same name), and the
 // command's arguments are one slice. The commands go out as go-redis would send them
 // (EVALSHA, then EVAL when the server lacks the script), with the same argument types, so
-// hooks and tracing see what they always saw.
+// hooks and tracing see what they always saw — in a pipeline when concurrent calls are
+// batched (batch.go).
 
 // script is one of the Store's scripts, with its digest and source boxed as command
 // arguments.
@@ -75,11 +76,21 @@ func evalArgs(sc *script, k *nameKeys, n int) []any {
 }
 
 // eval runs the command that evalArgs began, on the server of its keys: EVALSHA, then EVAL
-// if the server lacks the script. It waits for replicas under WithReplicaAcks.
+// if the server lacks the script; batched with concurrent calls (WithPipelines, batch.go). It
+// waits for replicas under WithReplicaAcks, unbatched.
 func (s *Store) eval(ctx context.Context, sc *script, name string, args []any) (any, error) {
 	if s.acks > 0 {
 		return s.evalAcked(ctx, sc, name, args)
 	}
+	if b := s.batcherFor(ctx, name); b != nil {
+		return s.evalBatched(ctx, b, sc, args)
+	}
+	return s.evalOne(ctx, sc, args)
+}
+
+// evalOne runs the command that evalArgs began on a connection of its own: EVALSHA, then EVAL
+// if the server lacks the script.
+func (s *Store) evalOne(ctx context.Context, sc *script, args []any) (any, error) {
 	cmd := evalCmd(ctx, args)
 	_ = s.client.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {

@@ -7,7 +7,8 @@
 //
 // Each lock is a hash key with the lease as its expiry and a fence key beside it, in one
 // Cluster hash slot; acquire, extend and release are one Lua script each (one round trip), a
-// renewal batch one pipeline per master. Shared holders (permits, readers) are kept beside
+// renewal batch one pipeline per master, and the acquisitions and releases of concurrent
+// callers share pipelines (WithPipelines). Shared holders (permits, readers) are kept beside
 // the lock in two more keys of its slot; AcquireAll takes the names of one slot in one script. Releases are announced over pub/sub, one subscription
 // per Guard. Fences are floored by the server's clock, so they keep increasing after the server
 // lost its data.

@@ -132,6 +132,12 @@ type Store struct {
 	// Health checks of a Subscription's connection: idleCheck and pongTimeout in notify.go,
 	// fields so that tests can shorten them.
 	idleCheck, pongTimeout time.Duration
+
+	// The lock path's concurrent scripts, sent together (batch.go): batch on a single node
+	// or a Sentinel-managed master; on a Cluster, batches holds a *batcher per master address,
+	// and batch only the number of lanes.
+	batch   batcher
+	batches sync.Map
 }
 
 var (
@@ -157,6 +163,7 @@ type options struct {
 	acks          int
 	ackTimeout    time.Duration
 	queueTimeout  time.Duration
+	pipelines     int
 }
 
 // DefaultQueueTimeout is how long a waiter keeps its place in a name's queue after its last
@@ -208,7 +215,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	if client == nil {
 		panic("guard/redisstore: New: nil client")
 	}
-	o := options{prefix: DefaultPrefix, queueTimeout: DefaultQueueTimeout}
+	o := options{prefix: DefaultPrefix, queueTimeout: DefaultQueueTimeout, pipelines: DefaultPipelines}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -219,6 +226,9 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	}
 	if o.acks < 0 || (o.acks > 0 && o.ackTimeout <= 0) {
 		panic(fmt.Sprintf("guard/redisstore: WithReplicaAcks(%d, %v): n must not be negative, and the timeout must be positive", o.acks, o.ackTimeout))
+	}
+	if o.pipelines < 0 {
+		panic(fmt.Sprintf("guard/redisstore: WithPipelines(%d): must not be negative", o.pipelines))
 	}
 	if o.queueTimeout < 10*time.Millisecond {
 		panic(fmt.Sprintf("guard/redisstore: WithQueueTimeout(%v): must be at least 10ms", o.queueTimeout))
@@ -232,6 +242,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		idleCheck:    idleCheck, pongTimeout: pongTimeout,
 	}
 	s.cluster, _ = client.(*redis.ClusterClient)
+	s.batch.lanes = o.pipelines
 	s.keyCache.seed = maphash.MakeSeed()
 	if s.allowEviction {
 		close(s.checked)

@@ -218,6 +218,7 @@ func TestStore(t *testing.T) {
 			t.Run("WatchContext", func(t *testing.T) { testWatchContext(t, d) })
 			t.Run("Resubscribe", func(t *testing.T) { testResubscribe(t, d) })
 			t.Run("HealthCheck", func(t *testing.T) { testHealthCheck(t, d) })
+			t.Run("Batch", func(t *testing.T) { testBatch(t, d) })
 		})
 	}
 }
@@ -887,6 +888,7 @@ func TestNew(t *testing.T) {
 		{"nil client", func() { New(nil) }},
 		{"open brace in prefix", func() { New(c, WithPrefix("app{")) }},
 		{"close brace in prefix", func() { New(c, WithPrefix("}app")) }},
+		{"negative pipelines", func() { New(c, WithPipelines(-1)) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
