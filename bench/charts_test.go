@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"html"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -27,9 +28,11 @@ var (
 	chartsTurns = flag.Int("charts.ops", 3000, "uncontended operations per library in TestCharts")
 )
 
-// TestCharts measures what docs/performance.md shows, on redis-servers it starts, and writes
-// the charts (SVG) and a table of every figure with the machine and versions (figures.md) into
-// -charts. It asserts nothing. It is the one command behind the page:
+// TestCharts measures what docs/performance.md shows, on servers it starts — redis-servers for
+// the comparison of Redis lock libraries, and a server of each store's kind for the comparison
+// of guard's stores (stores_test.go) — and writes the charts (SVG) and a table of every figure
+// with the machine and versions (figures.md) into -charts. It asserts no speed. It is the one
+// command behind the page:
 //
 //	cd bench && go test -run TestCharts -charts=../docs/perf -timeout 30m
 func TestCharts(t *testing.T) {
@@ -43,11 +46,11 @@ func TestCharts(t *testing.T) {
 		}
 	}
 	require(os.MkdirAll(*chartsDir, 0o755))
-	var fig strings.Builder
+	started := time.Now()
 	srv := testserver.StartRedis(t)
-	fmt.Fprintf(&fig, "# Measured figures\n\nWritten by `cd bench && go test -run TestCharts -charts=../docs/perf` on %s. Do not edit: run it again.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fig.WriteString(machine(t, srv.Addr))
+	head := fmt.Sprintf("# Measured figures\n\nWritten by `cd bench && go test -run TestCharts -charts=../docs/perf` on %s. Do not edit: run it again.\n\n",
+		started.UTC().Format("2006-01-02 15:04 MST")) + machine(t, srv.Addr)
+	var fig strings.Builder // the figures, after head and the stores' servers
 
 	// P1: uncontended acquire and release, in interleaved turns.
 	fig.WriteString("\n## P1: uncontended acquire and release\n\n| library | median µs/op | allocs/op | ratio to redislock |\n|---|---|---|---|\n")
@@ -135,6 +138,11 @@ func TestCharts(t *testing.T) {
 		require(writeChart(c.file, lineChart(c.title, c.x, y, xs, series)))
 	}
 
+	// The stores, each through a Guard on a server of its own, stopped at the end of the subtest:
+	// before P4, whose 100,000 locks load the machine most.
+	var stores string
+	t.Run("stores", func(t *testing.T) { stores = compareStores(t, &fig, *storesOps, *storesRun) })
+
 	// P4: watchdog locks held by one Guard.
 	fig.WriteString("\n## P4: watchdog locks held by one Guard (3 s watchdog: each renewed every second)\n\n| held locks | CPU of the process, % of a core | scripts/s on the server | lost | heap bytes per lock |\n|---|---|---|---|---|\n")
 	var xs []string
@@ -148,7 +156,8 @@ func TestCharts(t *testing.T) {
 	}
 	require(writeChart("p4-cpu.svg", lineChart("P4: CPU of the Guard's process against held locks", "held locks", "% of one core", xs, []series{cpu})))
 	require(writeChart("p4-memory.svg", lineChart("P4: heap per held lock", "held locks", "bytes", xs, []series{mem})))
-	require(os.WriteFile(filepath.Join(*chartsDir, "figures.md"), []byte(fig.String()), 0o644))
+	fmt.Fprintf(&fig, "\nThe run took %v.\n", time.Since(started).Round(time.Second))
+	require(os.WriteFile(filepath.Join(*chartsDir, "figures.md"), []byte(head+stores+fig.String()), 0o644))
 }
 
 // machine describes where the figures were measured.
@@ -166,21 +175,19 @@ func machine(t *testing.T, addr string) string {
 		_ = f.Close()
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	info, err := testserver.RedisInfo(context.Background(), addr, "server")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fmt.Fprintf(&b, "- Machine: %s/%s, %d CPUs (%s), load average at the start %s — shared with other work, so the figures are noisy\n",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), model, strings.Join(strings.Fields(string(load))[:3], " "))
-	fmt.Fprintf(&b, "- Go %s, redis-server %s on loopback, started by the run\n", runtime.Version(), info["redis_version"])
+	fmt.Fprintf(&b, "- Go %s, redis-server %s on loopback, started by the run\n", runtime.Version(), redisVersion(t, addr))
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			switch d.Path {
-			case "github.com/redis/go-redis/v9", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4":
+			case "github.com/redis/go-redis/v9", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4",
+				"go.mongodb.org/mongo-driver/v2", "github.com/jackc/pgx/v5", "github.com/go-sql-driver/mysql", "go.etcd.io/etcd/client/v3":
 				fmt.Fprintf(&b, "- %s %s\n", d.Path, d.Version)
 			}
 		}
 	}
+	b.WriteString("- The stores' servers, on loopback, started by the run for the store comparison:\n")
 	return b.String()
 }
 
@@ -211,22 +218,16 @@ func uncontended(t *testing.T, addr string, ops int) []p1Result {
 			t.Fatal(err)
 		}
 	}
-	times := make([][]time.Duration, len(libs))
-	for done := 0; done < ops; done += turn {
-		for i := range locks {
-			start := time.Now()
-			for range turn {
-				once(i)
-			}
-			times[i] = append(times[i], time.Since(start)/turn)
-		}
+	turns := make([]func(), len(libs))
+	for i := range turns {
+		turns[i] = func() { once(i) }
 	}
+	medians := interleaved(ops, turn, turns)
 	out := make([]p1Result, len(libs))
 	base := 0.0
 	for i, l := range libs {
-		slices.Sort(times[i])
-		out[i] = p1Result{name: l.name, micros: float64(times[i][len(times[i])/2]) / 1e3,
-			allocs: testing.AllocsPerRun(200, func() { once(i) })}
+		out[i] = p1Result{name: l.name, micros: float64(medians[i]) / 1e3,
+			allocs: testing.AllocsPerRun(200, turns[i])}
 		if l.name == "redislock" {
 			base = out[i].micros
 		}
@@ -235,6 +236,28 @@ func uncontended(t *testing.T, addr string, ops int) []p1Result {
 		out[i].ratio = out[i].micros / base
 	}
 	return out
+}
+
+// interleaved calls each of ops n times in all, in turns of turn calls, one op's turn after
+// another's, so that a slow stretch of a noisy machine lands on all of them; it returns each
+// op's median time per call over its turns.
+func interleaved(n, turn int, ops []func()) []time.Duration {
+	times := make([][]time.Duration, len(ops))
+	for done := 0; done < n; done += turn {
+		for i, op := range ops {
+			start := time.Now()
+			for range turn {
+				op()
+			}
+			times[i] = append(times[i], time.Since(start)/time.Duration(turn))
+		}
+	}
+	medians := make([]time.Duration, len(ops))
+	for i, d := range times {
+		slices.Sort(d)
+		medians[i] = d[len(d)/2]
+	}
+	return medians
 }
 
 func writeChart(name, svg string) error {
@@ -349,6 +372,105 @@ func lineChart(title, xlabel, ylabel string, xs []string, all []series) string {
 		ly := padT + 10 + k*legendSpacing
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="%d"/>`+"\n", padL+plotW+15, ly, padL+plotW+35, ly, colour, strokeWidth)
 		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", padL+plotW+40, ly+4, html.EscapeString(s.name))
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// panel is one measure of a rowChart, on an axis of its own: one bar per row and series.
+type panel struct {
+	title  string     // the measure and its unit
+	series []series   // each with a value per row
+	notes  [][]string // written after each bar: per series, per row
+	log    bool       // a logarithmic axis, from the decade below the smallest value
+}
+
+// Geometry of a rowChart, in SVG user units.
+const (
+	rowLabelW, rowPanelW, rowNoteW = 200, 230, 80 // the rows' labels; a panel's axis; its notes
+	rowBarH, rowGap                = 14, 10       // a bar; the space between rows
+)
+
+// rowChart draws one row per label and, in each panel side by side, a horizontal bar per
+// series in that row, with its note after it; a legend names the series when there are
+// several.
+func rowChart(title string, labels []string, panels []panel) string {
+	nSeries := len(panels[0].series)
+	rowH := nSeries*rowBarH + rowGap
+	plotTop := padT + 20
+	plotBottom := plotTop + len(labels)*rowH
+	height := plotBottom + 30
+	if nSeries > 1 {
+		height += legendSpacing * nSeries
+	}
+	width := rowLabelW + len(panels)*(rowPanelW+rowNoteW)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" %s>`+"\n", width, height, width, height, chartFont)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="10" y="%d" font-size="%d" font-weight="bold">%s</text>`+"\n", padT-15, titleSize, html.EscapeString(title))
+	for r, label := range labels {
+		y := plotTop + r*rowH + rowGap/2 + nSeries*rowBarH/2
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", rowLabelW-8, y+4, html.EscapeString(label))
+	}
+	for p, pn := range panels {
+		x0 := float64(rowLabelW + p*(rowPanelW+rowNoteW))
+		var lo, hi float64
+		for _, s := range pn.series {
+			hi = max(hi, slices.Max(s.values))
+		}
+		var ticks []float64
+		frac := func(v float64) float64 { return v / hi }
+		if pn.log {
+			lo = hi
+			for _, s := range pn.series {
+				for _, v := range s.values {
+					if v > 0 {
+						lo = min(lo, v)
+					}
+				}
+			}
+			lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
+			if hi <= lo {
+				hi = lo * 10
+			}
+			for v := lo; v <= hi*1.001; v *= 10 {
+				ticks = append(ticks, v)
+			}
+			frac = func(v float64) float64 {
+				if v <= lo {
+					return 0
+				}
+				return math.Log10(v/lo) / math.Log10(hi/lo)
+			}
+		} else {
+			hi = top(hi)
+			for i := 0; i <= 4; i++ {
+				ticks = append(ticks, hi*float64(i)/4)
+			}
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-weight="bold">%s</text>`+"\n", x0, plotTop-8, html.EscapeString(pn.title))
+		for _, v := range ticks {
+			x := x0 + rowPanelW*frac(v)
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s"/>`+"\n", x, plotTop, x, plotBottom, gridColour)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, plotBottom+16, tick(v))
+		}
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s"/>`+"\n", x0, plotTop, x0, plotBottom, axisColour)
+		for k, s := range pn.series {
+			for r, v := range s.values {
+				y := plotTop + r*rowH + rowGap/2 + k*rowBarH
+				w := rowPanelW * min(frac(v), 1)
+				fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s: %.3g</title></rect>`+"\n",
+					x0, y+1, w, rowBarH-2, palette[k%len(palette)], html.EscapeString(s.name), v)
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="11">%s</text>`+"\n", x0+w+4, y+rowBarH-3, html.EscapeString(pn.notes[k][r]))
+			}
+		}
+	}
+	if nSeries > 1 {
+		for k, s := range panels[0].series {
+			y := plotBottom + 30 + k*legendSpacing
+			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="20" height="%d" fill="%s"/>`+"\n", rowLabelW, y-rowBarH+3, rowBarH-2, palette[k%len(palette)])
+			fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", rowLabelW+26, y, html.EscapeString(s.name))
+		}
 	}
 	b.WriteString("</svg>\n")
 	return b.String()

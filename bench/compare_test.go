@@ -35,17 +35,7 @@ var libs = []lib{
 	{"guard", func(tb testing.TB, client *redis.Client) locker {
 		g := guard.New(redisstore.New(client), guard.WithWatchdogTimeout(ttl))
 		tb.Cleanup(func() { _ = g.Close(context.Background()) })
-		return func(ctx context.Context, name string, wait bool) (func() error, error) {
-			acquire := g.TryAcquire
-			if wait {
-				acquire = g.Acquire
-			}
-			l, err := acquire(ctx, name)
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return l.Release(ctx) }, nil
-		}
+		return guardLocker(g)
 	}},
 	{"redislock", func(tb testing.TB, client *redis.Client) locker {
 		c := redislock.New(client)
@@ -85,6 +75,22 @@ var libs = []lib{
 			}, nil
 		}
 	}},
+}
+
+// guardLocker is the locker of a Guard: TryAcquire, or Acquire when wait is set, without a
+// lease time (the watchdog holds the lock), then Release.
+func guardLocker(g *guard.Guard) locker {
+	return func(ctx context.Context, name string, wait bool) (func() error, error) {
+		acquire := g.TryAcquire
+		if wait {
+			acquire = g.Acquire
+		}
+		l, err := acquire(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return l.Release(ctx) }, nil
+	}
 }
 
 // newClient returns a client on srv with a round-trip counter.

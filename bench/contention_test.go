@@ -42,19 +42,25 @@ var contenders = []contender{
 	{"guard", func(tb testing.TB, client *redis.Client) func(context.Context, string) (func(), error) {
 		g := guard.New(redisstore.New(client))
 		tb.Cleanup(func() { _ = g.Close(context.Background()) })
-		return func(ctx context.Context, name string) (func(), error) {
-			l, err := g.Acquire(ctx, name, guard.LeaseTime(contLease))
-			if err != nil {
-				return nil, err
-			}
-			return func() { _ = l.Release(ctx) }, nil
-		}
+		return guardContender(g)
 	}},
 	redislockContender("redislock-1ms", time.Millisecond),
 	// redislock's README waits with a linear backoff of 100 ms.
 	redislockContender("redislock-100ms", 100*time.Millisecond),
 	redsyncContender("redsync-default", nil),
 	redsyncContender("redsync-1ms", []redsync.Option{redsync.WithRetryDelay(time.Millisecond)}),
+}
+
+// guardContender is the contended workload's lock function on a Guard: Acquire with a lease
+// time of contLease, then Release.
+func guardContender(g *guard.Guard) func(context.Context, string) (func(), error) {
+	return func(ctx context.Context, name string) (func(), error) {
+		l, err := g.Acquire(ctx, name, guard.LeaseTime(contLease))
+		if err != nil {
+			return nil, err
+		}
+		return func() { _ = l.Release(ctx) }, nil
+	}
 }
 
 func redislockContender(name string, poll time.Duration) contender {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/guardlock/guard"
 	"github.com/guardlock/guard/internal/testserver"
+	"github.com/guardlock/guard/redisstore"
 )
 
 type rueidisTrialBackend struct {
@@ -179,9 +180,18 @@ func BenchmarkGuardOnRueidis(b *testing.B) {
 			tb.Cleanup(func() { _ = client.Close() })
 			return libs[0].open(tb, client)
 		}},
+		// Each call on a connection of its own, as redisstore sent them before it batched
+		// concurrent calls (redisstore.WithPipelines).
+		{"redisstore-unbatched-pool64", func(tb testing.TB) locker {
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
+			tb.Cleanup(func() { _ = client.Close() })
+			g := guard.New(redisstore.New(client, redisstore.WithPipelines(0)), guard.WithWatchdogTimeout(ttl))
+			tb.Cleanup(func() { _ = g.Close(context.Background()) })
+			return guardLocker(g)
+		}},
 		{"rueidis", func(tb testing.TB) locker { return rueidisGuardLib(tb, srv.Addr) }},
 	}
-	for _, workers := range []int{1, 16, 64} {
+	for _, workers := range []int{1, 4, 16, 64} {
 		for _, k := range kinds {
 			b.Run(fmt.Sprintf("goroutines=%d/%s", workers, k.name), func(b *testing.B) {
 				lock := k.open(b)
