@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,7 +20,8 @@ const DefaultPipelines = 8
 // out with every call that waited beside it in one pipeline: one write and one read for all
 // of them, on the client and on the server. With 64 goroutines taking and releasing locks at
 // once that is about twice the operations a second at half the CPU each
-// (docs/performance.md); fewer than n see no change. Each call still ends with its context.
+// (docs/performance.md); fewer than n see no change. Each call still ends with its context,
+// and an acquisition the server grants after its caller left is given back.
 // Batched commands reach go-redis hooks through ProcessPipelineHook rather than ProcessHook.
 // n = 0 turns batching off: every call then waits for a connection of go-redis's pool.
 // Renewals are batched anyway (one pipeline per master), and the other operations are not.
@@ -43,12 +45,26 @@ type batcher struct {
 
 // batchCall is a call waiting in a queue for its reply.
 type batchCall struct {
-	ctx  context.Context
-	sc   *script
-	args []any
-	cmd  *redis.Cmd    // its command, once sent
-	done chan struct{} // told once cmd has its reply
+	ctx   context.Context
+	sc    *script
+	args  []any
+	name  string
+	token string // an acquisition's token, "" for other scripts
+
+	cmd   *redis.Cmd    // its command, once sent
+	done  chan struct{} // told once cmd has its reply
+	state atomic.Int32  // callWaiting, callAnswered or callLeft
 }
+
+// A sent batchCall's state: its caller waits for the reply, has it, or left before it came.
+const (
+	callWaiting int32 = iota
+	callAnswered
+	callLeft
+)
+
+// giveBackTimeout bounds a batch's give-back of a grant whose caller left (see sendBatch).
+const giveBackTimeout = 5 * time.Second
 
 // batcherFor returns the batcher of the master of name's keys — of the Store, unless it is
 // on a Cluster — or nil when batching is off or the master is not known.
@@ -73,12 +89,14 @@ func (s *Store) batcherFor(ctx context.Context, name string) *batcher {
 	return b.(*batcher)
 }
 
-// evalBatched runs the command that evalArgs began through b: on a free lane at once, or in
-// the batch that the next lane to come back sends. The call ends with ctx either way: a call
-// whose ctx ends while it waits in the queue returns without having been sent, one already
-// sent returns as a call that timed out on its connection does — not knowing whether the
-// server ran it.
-func (s *Store) evalBatched(ctx context.Context, b *batcher, sc *script, args []any) (any, error) {
+// evalBatched runs the command that evalArgs began, for token on name, through b: on a free lane at once, or
+// in the batch that the next lane to come back sends. The call ends with its context either
+// way: a call whose context ends while it waits in the queue returns without having been
+// sent; one already sent returns as a call that timed out on its connection does, not knowing
+// whether the server ran it — and if the server granted an acquisition to a caller that left
+// so, the batch gives the grant back when the reply comes (sendBatch): a reply of a batch deep
+// in the server's input can come after every give-back of the caller's Guard.
+func (s *Store) evalBatched(ctx context.Context, b *batcher, sc *script, name, token string, args []any) (any, error) {
 	b.mu.Lock()
 	if b.busy < b.lanes && len(b.queue) == 0 {
 		b.busy++
@@ -86,7 +104,7 @@ func (s *Store) evalBatched(ctx context.Context, b *batcher, sc *script, args []
 		defer s.leave(b)
 		return s.evalOne(ctx, sc, args)
 	}
-	c := &batchCall{ctx: ctx, sc: sc, args: args, done: make(chan struct{}, 1)}
+	c := &batchCall{ctx: ctx, sc: sc, args: args, name: name, token: token, done: make(chan struct{}, 1)}
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
 	select {
@@ -94,13 +112,11 @@ func (s *Store) evalBatched(ctx context.Context, b *batcher, sc *script, args []
 		return c.cmd.Result()
 	case <-ctx.Done():
 	}
-	b.forget(c)
-	select {
-	case <-c.done: // answered in the same moment
-		return c.cmd.Result()
-	default:
-		return nil, context.Cause(ctx)
+	if b.forget(c) || c.state.CompareAndSwap(callWaiting, callLeft) {
+		return nil, context.Cause(ctx) // unsent, or sent and left to the batch
 	}
+	<-c.done // answered in the same moment
+	return c.cmd.Result()
 }
 
 // leave brings a lane of b back: it sends whatever waits in b's queue, or it is free.
@@ -117,44 +133,76 @@ func (s *Store) leave(b *batcher) {
 	}
 }
 
-// forget takes c out of b's queue, if it is still there.
-func (b *batcher) forget(c *batchCall) {
+// forget takes c out of b's queue; it reports whether c was still there, unsent.
+func (b *batcher) forget(c *batchCall) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for i, q := range b.queue {
 		if q == c {
 			b.queue = append(b.queue[:i], b.queue[i+1:]...)
-			return
+			return true
 		}
 	}
+	return false
 }
 
-// sendBatch sends batch's commands in one pipeline on a lane of b — EVALSHA each, then EVAL
-// for any the server lacked —, tells each call that its reply is in, and brings the lane
-// back. The pipeline runs under the first call's context values, until the last of the
-// calls' deadlines (with go-redis's ContextTimeoutEnabled, that bounds a hung connection;
+// sendBatch sends batch's commands in one pipeline on a lane of b, tells each call that its
+// reply is in (or gives back what an acquisition whose caller left was granted), and brings
+// the lane back. The pipeline runs under the first call's context values, until the last of
+// the calls' deadlines (with go-redis's ContextTimeoutEnabled, that bounds a hung connection;
 // none when a call has none), and whether or not the callers are still there.
 func (s *Store) sendBatch(b *batcher, batch []*batchCall) {
 	defer s.leave(b)
 	ctx, cancel := batchContext(batch)
 	defer cancel()
+	s.sendAll(ctx, batch)
+	var left []*batchCall
 	for _, c := range batch {
+		if c.state.CompareAndSwap(callWaiting, callAnswered) {
+			c.done <- struct{}{}
+		} else if c.token != "" && c.cmd.Err() == nil {
+			left = append(left, c)
+		}
+	}
+	if len(left) > 0 {
+		s.giveBack(ctx, left)
+	}
+}
+
+// sendAll sends calls' commands in one pipeline — EVALSHA each, then EVAL for any the server
+// lacked — and sets each call's cmd.
+func (s *Store) sendAll(ctx context.Context, calls []*batchCall) {
+	for _, c := range calls {
 		c.cmd = evalCmd(ctx, c.args)
 	}
 	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for _, c := range batch {
+		for _, c := range calls {
 			_ = pipe.Process(ctx, c.cmd)
 		}
 		return nil
 	})
-	for _, c := range batch {
+	for _, c := range calls {
 		if isNoScript(c.cmd.Err()) {
 			c.cmd = evalCmd(ctx, withSource(c.sc, c.args))
 			_ = s.client.Process(ctx, c.cmd)
 		}
 	}
-	for _, c := range batch {
-		c.done <- struct{}{}
+}
+
+// giveBack releases what the server gave the tokens of left — a lock, or a place in a queue —
+// after their callers left while their acquisitions were on the wire: in one pipeline, not
+// through the batcher, so that it never waits for a lane of the batch it comes from. Their
+// Guards give the tokens back too, but those releases may all have come before the grants.
+func (s *Store) giveBack(ctx context.Context, left []*batchCall) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
+	back := make([]*batchCall, len(left))
+	for i, c := range left {
+		back[i] = &batchCall{sc: releaseScript, args: s.releaseArgs(c.name, c.token, 0)}
+	}
+	s.sendAll(ctx, back)
+	for i, c := range left {
+		_ = s.released(c.name, c.token, back[i].cmd.Val(), back[i].cmd.Err())
 	}
 }
 

@@ -79,11 +79,22 @@ func evalArgs(sc *script, k *nameKeys, n int) []any {
 // if the server lacks the script; batched with concurrent calls (WithPipelines, batch.go). It
 // waits for replicas under WithReplicaAcks, unbatched.
 func (s *Store) eval(ctx context.Context, sc *script, name string, args []any) (any, error) {
+	return s.evalFor(ctx, sc, name, "", args)
+}
+
+// evalAcquire is eval for acquire.lua on behalf of token: if the call is batched and its
+// caller leaves while it is on the wire, the batch gives back what the server granted token.
+func (s *Store) evalAcquire(ctx context.Context, name, token string, args []any) (any, error) {
+	return s.evalFor(ctx, acquireScript, name, token, args)
+}
+
+// evalFor is eval, with token set for an acquisition (see evalAcquire).
+func (s *Store) evalFor(ctx context.Context, sc *script, name, token string, args []any) (any, error) {
 	if s.acks > 0 {
 		return s.evalAcked(ctx, sc, name, args)
 	}
 	if b := s.batcherFor(ctx, name); b != nil {
-		return s.evalBatched(ctx, b, sc, args)
+		return s.evalBatched(ctx, b, sc, name, token, args)
 	}
 	return s.evalOne(ctx, sc, args)
 }

@@ -372,7 +372,7 @@ func (s *Store) Acquire(ctx context.Context, r guard.Request) (uint64, error) {
 	args := append(evalArgs(acquireScript, s.keysOf(r.Name), 9),
 		r.Token, box(&s.ttlArg, millis(r.TTL)), box(&s.instanceArg, r.Instance), box(&s.labelArg, r.Label),
 		retentionArg, place, r.Attempt, box(&s.valueArg, r.Value), s.limit(r))
-	reply, err := s.eval(ctx, acquireScript, r.Name, args)
+	reply, err := s.evalAcquire(ctx, r.Name, r.Token, args)
 	if err != nil {
 		return 0, err
 	}
@@ -433,12 +433,23 @@ func (s *Store) Release(ctx context.Context, name, token string, keep time.Durat
 
 // release runs release.lua.
 func (s *Store) release(ctx context.Context, name, token string, keep time.Duration) error {
+	n, err := s.eval(ctx, releaseScript, name, s.releaseArgs(name, token, keep))
+	return s.released(name, token, n, err)
+}
+
+// releaseArgs returns the command of release.lua for token on name.
+func (s *Store) releaseArgs(name, token string, keep time.Duration) []any {
 	keys := s.keysOf(name)
 	keepArg := zeroArg
 	if keep > 0 {
 		keepArg = millis(keep)
 	}
-	n, err := s.eval(ctx, releaseScript, name, append(evalArgs(releaseScript, keys, 4), token, keepArg, keys.channel, retentionArg))
+	return append(evalArgs(releaseScript, keys, 4), token, keepArg, keys.channel, retentionArg)
+}
+
+// released reads release.lua's reply n (or err) for token on name, and tells this Store's
+// subscriptions of the waiters it handed name to.
+func (s *Store) released(name, token string, n any, err error) error {
 	if err != nil {
 		return err
 	}
