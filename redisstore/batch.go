@@ -148,9 +148,9 @@ func (b *batcher) forget(c *batchCall) bool {
 
 // sendBatch sends batch's commands in one pipeline on a lane of b, tells each call that its
 // reply is in (or gives back what an acquisition whose caller left was granted), and brings
-// the lane back. The pipeline runs under the first call's context values, until the last of
-// the calls' deadlines (with go-redis's ContextTimeoutEnabled, that bounds a hung connection;
-// none when a call has none), and whether or not the callers are still there.
+// the lane back. The pipeline runs under the first call's context values, until just after the
+// last of the calls' deadlines (with go-redis's ContextTimeoutEnabled, that bounds a hung
+// connection; none when a call has none), and whether or not the callers are still there.
 func (s *Store) sendBatch(b *batcher, batch []*batchCall) {
 	defer s.leave(b)
 	ctx, cancel := batchContext(batch)
@@ -207,7 +207,9 @@ func (s *Store) giveBack(ctx context.Context, left []*batchCall) {
 }
 
 // batchContext returns the context a batch's pipeline runs under: the first call's values,
-// no cancellation, and the latest of the calls' deadlines when every call has one.
+// no cancellation, and — when every call has a deadline — the latest of them, plus
+// batchGrace, so that each caller's own context ends first and its call returns the
+// context's error, not the connection's.
 func batchContext(batch []*batchCall) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(batch[0].ctx)
 	var last time.Time
@@ -220,5 +222,8 @@ func batchContext(batch []*batchCall) (context.Context, context.CancelFunc) {
 			last = d
 		}
 	}
-	return context.WithDeadline(ctx, last)
+	return context.WithDeadline(ctx, last.Add(batchGrace))
 }
+
+// batchGrace is how long a batch's pipeline outlives the last of its callers' deadlines.
+const batchGrace = 50 * time.Millisecond
