@@ -20,9 +20,11 @@ const DefaultPipelines = 8
 // out with every call that waited beside it in one pipeline: one write and one read for all
 // of them, on the client and on the server. With 64 goroutines taking and releasing locks at
 // once that is about twice the operations a second at half the CPU each
-// (docs/performance.md); fewer than n see no change. Each call still ends with its context,
-// and an acquisition the server grants after its caller left is given back.
-// Batched commands reach go-redis hooks through ProcessPipelineHook rather than ProcessHook.
+// (docs/performance.md); fewer than n see no change. A call that waits for a lane, or for the
+// reply of its batch, returns when its context ends, and an acquisition the server grants
+// after its caller left is given back; a call on a lane of its own ends as go-redis lets it
+// (at its deadline under ContextTimeoutEnabled). Batched commands reach go-redis hooks through
+// ProcessPipelineHook rather than ProcessHook.
 // n = 0 turns batching off: every call then waits for a connection of go-redis's pool.
 // Renewals are batched anyway (one pipeline per master), and the other operations are not.
 // n must not be negative; keep the client's PoolSize (a node's, on a Cluster) above n.
@@ -63,7 +65,9 @@ const (
 	callLeft
 )
 
-// giveBackTimeout bounds a batch's give-back of a grant whose caller left (see sendBatch).
+// giveBackTimeout bounds a batch's give-back of the grants whose callers left (see
+// sendBatch): the wait for a connection and, with go-redis's ContextTimeoutEnabled, the
+// round trip.
 const giveBackTimeout = 5 * time.Second
 
 // batcherFor returns the batcher of the master of name's keys — of the Store, unless it is
@@ -147,46 +151,64 @@ func (b *batcher) forget(c *batchCall) bool {
 }
 
 // sendBatch sends batch's commands in one pipeline on a lane of b, tells each call that its
-// reply is in (or gives back what an acquisition whose caller left was granted), and brings
-// the lane back. The pipeline runs under the first call's context values, until just after the
-// last of the calls' deadlines (with go-redis's ContextTimeoutEnabled, that bounds a hung
-// connection; none when a call has none), and whether or not the callers are still there.
+// reply is in, brings the lane back, and then gives back what the acquisitions whose callers
+// left were granted. A call whose caller left before it was sent is not sent. The pipeline runs
+// under the first call's context values, until batchGrace after the last of the calls'
+// deadlines (with go-redis's ContextTimeoutEnabled, that bounds a hung connection; none when a
+// call has none), whether or not the callers are still there.
 func (s *Store) sendBatch(b *batcher, batch []*batchCall) {
-	defer s.leave(b)
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	s.sendAll(ctx, batch)
-	var left []*batchCall
+	send := make([]*batchCall, 0, len(batch))
 	for _, c := range batch {
+		if c.state.Load() != callLeft {
+			send = append(send, c)
+		}
+	}
+	if len(send) > 0 {
+		s.sendAll(ctx, send)
+	}
+	var left []*batchCall
+	for _, c := range send {
 		if c.state.CompareAndSwap(callWaiting, callAnswered) {
 			c.done <- struct{}{}
 		} else if c.token != "" && c.cmd.Err() == nil {
 			left = append(left, c)
 		}
 	}
+	s.leave(b)
 	if len(left) > 0 {
 		s.giveBack(ctx, left)
 	}
 }
 
-// sendAll sends calls' commands in one pipeline — EVALSHA each, then EVAL for any the server
-// lacked — and sets each call's cmd.
+// sendAll sends calls' commands in one pipeline — EVALSHA each, then, in a second pipeline,
+// EVAL for those the server lacked — and sets each call's cmd.
 func (s *Store) sendAll(ctx context.Context, calls []*batchCall) {
 	for _, c := range calls {
 		c.cmd = evalCmd(ctx, c.args)
 	}
+	s.pipeline(ctx, calls)
+	var missing []*batchCall
+	for _, c := range calls {
+		if isNoScript(c.cmd.Err()) {
+			c.cmd = evalCmd(ctx, withSource(c.sc, c.args))
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		s.pipeline(ctx, missing)
+	}
+}
+
+// pipeline sends calls' commands in one pipeline (several, one per master, on a Cluster).
+func (s *Store) pipeline(ctx context.Context, calls []*batchCall) {
 	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for _, c := range calls {
 			_ = pipe.Process(ctx, c.cmd)
 		}
 		return nil
 	})
-	for _, c := range calls {
-		if isNoScript(c.cmd.Err()) {
-			c.cmd = evalCmd(ctx, withSource(c.sc, c.args))
-			_ = s.client.Process(ctx, c.cmd)
-		}
-	}
 }
 
 // giveBack releases what the server gave the tokens of left — a lock, or a place in a queue —
@@ -207,9 +229,7 @@ func (s *Store) giveBack(ctx context.Context, left []*batchCall) {
 }
 
 // batchContext returns the context a batch's pipeline runs under: the first call's values,
-// no cancellation, and — when every call has a deadline — the latest of them, plus
-// batchGrace, so that each caller's own context ends first and its call returns the
-// context's error, not the connection's.
+// no cancellation, and — when every call has a deadline — the latest of them plus batchGrace.
 func batchContext(batch []*batchCall) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(batch[0].ctx)
 	var last time.Time
@@ -225,5 +245,8 @@ func batchContext(batch []*batchCall) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, last.Add(batchGrace))
 }
 
-// batchGrace is how long a batch's pipeline outlives the last of its callers' deadlines.
-const batchGrace = 50 * time.Millisecond
+// batchGrace is how long a batch's pipeline outlives the last of its callers' deadlines: so
+// that each caller's own context ends first, and its call returns the context's error rather
+// than the connection's; and so that a batch that a busy or paused server answers late still
+// hears the grants of callers that left, and gives them back.
+const batchGrace = 5 * time.Second
