@@ -93,13 +93,13 @@ func (s *Store) batcherFor(ctx context.Context, name string) *batcher {
 	return b.(*batcher)
 }
 
-// evalBatched runs the command that evalArgs began, for token on name, through b: on a free lane at once, or
-// in the batch that the next lane to come back sends. The call ends with its context either
-// way: a call whose context ends while it waits in the queue returns without having been
-// sent; one already sent returns as a call that timed out on its connection does, not knowing
-// whether the server ran it — and if the server granted an acquisition to a caller that left
-// so, the batch gives the grant back when the reply comes (sendBatch): a reply of a batch deep
-// in the server's input can come after every give-back of the caller's Guard.
+// evalBatched runs the command that evalArgs began, for token on name, through b: on a free
+// lane at once (as evalOne does), or in the batch that the next lane to come back sends. A
+// call that waits ends with its context: one still in the queue returns without having been
+// sent; one already sent returns as a call that timed out on its connection does, not
+// knowing whether the server ran it — and if the server granted an acquisition to a caller
+// that left so, the batch gives the grant back when the reply comes (sendBatch): a reply of a
+// batch deep in the server's input can come after every give-back of the caller's Guard.
 func (s *Store) evalBatched(ctx context.Context, b *batcher, sc *script, name, token string, args []any) (any, error) {
 	b.mu.Lock()
 	if b.busy < b.lanes && len(b.queue) == 0 {
