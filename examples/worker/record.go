@@ -97,6 +97,22 @@ func broken(err error) string {
 	return strings.Join(what, "; ")
 }
 
+// describe tells the runs of one window or task apart: who ran each, when after its window
+// started (a task: after the run's first window started), and under which fence — what
+// separates a lock that failed (a second run inside the first one's hold) from a scheduler
+// that fired later than the hold (docs/scheduling.md).
+func (o outcome) describe(runs []event) string {
+	parts := make([]string, len(runs))
+	for i, e := range runs {
+		from := o.run.start(0)
+		if e.Kind == jobRun {
+			from = o.run.start(e.Key)
+		}
+		parts[i] = fmt.Sprintf("instance %s at %+dms, fence %d", e.Instance, e.Start.Sub(from).Milliseconds(), e.Fence)
+	}
+	return strings.Join(parts, "; ")
+}
+
 // check returns an error unless no window and no task ran more than once and, when complete,
 // every window and every task ran — but for those whose run met an error in this process
 // (o.failed), which the process reports as its own errors. A done record that the journal
@@ -113,7 +129,7 @@ func (o outcome) check(complete bool) error {
 	} {
 		for _, key := range slices.Sorted(maps.Keys(c.runs)) {
 			if n := len(c.runs[key]); n > 1 {
-				errs = append(errs, breach(errRanTwice, "%s %d ran %d times", c.what, key, n))
+				errs = append(errs, breach(errRanTwice, "%s %d ran %d times (%s)", c.what, key, n, o.describe(c.runs[key])))
 			}
 		}
 		k := jobRun

@@ -193,7 +193,12 @@ func writeTimeline(w io.Writer, o outcome, cfg config, backend string, complete 
 
 	verdict, colour := "✓ every window ran exactly once, and every task ran exactly once", okColour
 	if err := o.check(complete); err != nil {
-		verdict, colour = "✗ "+strings.ReplaceAll(err.Error(), "\n", "; "), failColour
+		// Each breach without its runs' details (check's describe), which the process prints.
+		lines := strings.Split(err.Error(), "\n")
+		for i, l := range lines {
+			lines[i], _, _ = strings.Cut(l, " (")
+		}
+		verdict, colour = "✗ "+strings.Join(lines, "; "), failColour
 	} else if !complete {
 		verdict = "✓ no window and no task ran twice"
 	}

@@ -461,9 +461,12 @@ func TestCheckFails(t *testing.T) {
 	err := o.check(true)
 	require.Error(t, err)
 	for _, want := range []string{"window 0 ran 2 times", "window 1 did not run", "task 1 ran 2 times"} {
-
 		assert.ErrorContains(t, err, want)
 	}
+	// Who ran each, when and under which fence: a run 600 ms into the window, after a 500 ms
+	// hold had ended, is a scheduler that fired late, not a lock that failed.
+	assert.ErrorContains(t, err, "window 0 ran 2 times (instance 1/1 at +0ms, fence 1; instance 2/1 at +600ms, fence 2)")
+	assert.ErrorContains(t, err, "task 1 ran 2 times (instance 2/1 at +10ms, fence 1; instance 1/1 at +60ms, fence 2)")
 	assert.NotContains(t, err.Error(), "task 0")
 	assert.ErrorContains(t, o.check(false), "window 0 ran 2 times")
 	assert.NotContains(t, o.check(false).Error(), "did not run")
@@ -471,7 +474,7 @@ func TestCheckFails(t *testing.T) {
 
 	var svg bytes.Buffer
 	writeTimeline(&svg, o, config{window: time.Second}, "memstore", true)
-	assert.Contains(t, svg.String(), "✗ window 0 ran 2 times")
+	assert.Contains(t, svg.String(), "✗ window 0 ran 2 times; window 1 did not run; task 1 ran 2 times<")
 	requireSVG(t, &svg)
 }
 
