@@ -70,9 +70,9 @@ const (
 // round trip.
 const giveBackTimeout = 5 * time.Second
 
-// batcherFor returns the batcher of the master of name's keys — of the Store, unless it is
-// on a Cluster — or nil when batching is off or the master is not known.
-func (s *Store) batcherFor(ctx context.Context, name string) *batcher {
+// batcherFor returns the batcher of the master of lockKey — of the Store, unless it is on a
+// Cluster — or nil when batching is off or the master is not known.
+func (s *Store) batcherFor(ctx context.Context, lockKey string) *batcher {
 	if s.batch.lanes == 0 {
 		return nil
 	}
@@ -81,7 +81,7 @@ func (s *Store) batcherFor(ctx context.Context, name string) *batcher {
 	}
 	// One batcher per master: a master that does not answer holds up its own callers' calls,
 	// not those of the others.
-	node, err := s.cluster.MasterForKey(ctx, s.lockKey(name))
+	node, err := s.cluster.MasterForKey(ctx, lockKey)
 	if err != nil {
 		return nil
 	}

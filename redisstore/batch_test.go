@@ -252,7 +252,7 @@ func TestBatchClusterMasterStuck(t *testing.T) {
 		stuck <- err
 	}()
 	require.Eventually(t, func() bool {
-		b := s.batcherFor(ctx, stuckName)
+		b := s.batcherFor(ctx, s.lockKey(stuckName))
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return b.busy == 1

@@ -93,7 +93,9 @@ func (s *Store) evalFor(ctx context.Context, sc *script, name, token string, arg
 	if s.acks > 0 {
 		return s.evalAcked(ctx, sc, name, args)
 	}
-	if b := s.batcherFor(ctx, name); b != nil {
+	// args[3] is the lock key (evalArgs), built once per name by keysOf: not built again here.
+	lockKey, _ := args[3].(string)
+	if b := s.batcherFor(ctx, lockKey); b != nil {
 		return s.evalBatched(ctx, b, sc, name, token, args)
 	}
 	return s.evalOne(ctx, sc, args)
